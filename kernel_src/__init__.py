@@ -1,0 +1,9 @@
+"""Attention kernels under test and the pure-JAX oracle they are checked against.
+
+Every public kernel follows the candidate contract in ``kernel_src.contract``.
+"""
+
+from kernel_src.contract import check_inputs, default_scale
+from kernel_src.reference import reference_attention
+
+__all__ = ["check_inputs", "default_scale", "reference_attention"]
