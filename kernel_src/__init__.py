@@ -4,6 +4,6 @@ Every public kernel follows the candidate contract in ``kernel_src.contract``.
 """
 
 from kernel_src.contract import check_inputs, default_scale
-from kernel_src.reference import reference_attention
+from kernel_src.reference import reference_attention, reference_masked_softmax
 
-__all__ = ["check_inputs", "default_scale", "reference_attention"]
+__all__ = ["check_inputs", "default_scale", "reference_attention", "reference_masked_softmax"]
