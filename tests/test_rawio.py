@@ -1,0 +1,96 @@
+"""measure.rawio: schema validation, manifest checksums, atomic run folders."""
+
+import json
+
+import pytest
+
+from measure import rawio
+
+
+def _docs(run_id="cpu-test-run"):
+    env = {
+        "format_version": 1, "run_id": run_id, "source": "measured", "created_utc": "2026-12-02T00:00:00Z",
+        "profile": "tiny", "platform": "cpu", "device_kind": "cpu", "device_count": 1, "devices_used": 1,
+        "process_count": 1, "interpret": True,
+        "versions": {"jax": "x", "jaxlib": "x", "libtpu": None, "gpu_plugin": None, "python": None,
+                     "numpy": None, "os": None},
+        "cpu_model": None, "git_commit": None, "kernel_src_sha256": None, "env_vars": {},
+        "bootstrap": [], "notes": None,
+    }
+    corr = {"format_version": 1, "run_id": run_id, "source": "measured", "seed": 0, "measured_candidate": "pallas",
+            "scorecards": [{"candidate": "pallas", "kind": "kernel", "passed": True, "score": 1.0, "max_score": 1.0,
+                            "checks": [{"name": "c", "passed": True, "points": 1.0, "max_points": 1.0,
+                                        "detail": "ok"}]}],
+            "power": None}
+    bench = {"format_version": 1, "run_id": run_id, "source": "measured", "profile": "tiny", "platform": "cpu",
+             "interpret": True, "warmups": 0, "samples_per_case": 1, "cases": [{
+                 "case_id": "attention-xla-s8", "scope": "attention", "implementation": "xla", "seq_len": 8,
+                 "shape": {"batch": 1, "q_len": 8, "kv_len": 8, "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 8},
+                 "dtype": "bfloat16", "causal": True, "padded": False, "devices_used": 1, "status": "ok",
+                 "error": None, "interpret": False, "transfer_ms": 0.1, "lower_ms": 1.0, "compile_ms": 2.0,
+                 "samples_ms": [0.5], "median_ms": 0.5, "min_ms": 0.5, "max_ms": 0.5, "q1_ms": 0.5, "q3_ms": 0.5,
+                 "iqr_ms": 0.0, "peak_memory_bytes": None, "flops": 1.0, "bytes_moved": 1.0, "tflops": None,
+                 "gbps": None, "peak_flops_fraction": None, "peak_bandwidth_fraction": None,
+                 "stablehlo": "stablehlo/attention-xla-s8.mlir.gz", "stablehlo_tpu": None}],
+             "pairs": []}
+    return {"environment": env, "correctness": corr, "benchmark": bench}
+
+
+def test_write_then_read_round_trips(tmp_path):
+    run = rawio.write_run(tmp_path / "run", _docs(), {"stablehlo/attention-xla-s8.mlir.gz": b"\x1f\x8b"})
+    loaded = rawio.read_run(run)
+    assert loaded["benchmark"]["cases"][0]["median_ms"] == 0.5
+    assert set(loaded["manifest"]["files"]) == {
+        "environment.json", "correctness.json", "benchmark.json", "stablehlo/attention-xla-s8.mlir.gz"}
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".partial")]
+
+
+def test_invalid_document_writes_nothing(tmp_path):
+    docs = _docs()
+    docs["benchmark"]["cases"][0]["median_ms"] = "fast"
+    with pytest.raises(rawio.RunError, match=r"cases/0/median_ms"):
+        rawio.write_run(tmp_path / "run", docs)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_nan_is_refused_and_existing_run_untouched(tmp_path):
+    run = rawio.write_run(tmp_path / "run", _docs())
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    docs = _docs()
+    docs["benchmark"]["cases"][0]["samples_ms"] = [float("nan")]
+    with pytest.raises(ValueError):
+        rawio.write_run(tmp_path / "other", docs)
+    with pytest.raises(FileExistsError):
+        rawio.write_run(run, _docs())
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+
+
+@pytest.mark.parametrize("damage, rule", [
+    (lambda run: (run / "benchmark.json").write_text("{not json"), "checksum"),
+    (lambda run: (run / "correctness.json").unlink(), "missing-file"),
+    (lambda run: (run / "manifest.json").write_text("{"), "corrupt-json"),
+    (lambda run: (run / "stray.txt").write_text("x"), "unlisted-file"),
+])
+def test_damaged_runs_name_the_rule(tmp_path, damage, rule):
+    run = rawio.write_run(tmp_path / "run", _docs())
+    damage(run)
+    with pytest.raises(rawio.RunError) as info:
+        rawio.read_run(run)
+    assert info.value.rule == rule
+
+
+def test_run_id_mismatch_is_caught(tmp_path):
+    docs = _docs()
+    docs["correctness"]["run_id"] = "another-run"
+    run = rawio.write_run(tmp_path / "run", docs)
+    with pytest.raises(rawio.RunError) as info:
+        rawio.read_run(run)
+    assert (info.value.rule, info.value.file, info.value.field) == ("run-id", "correctness.json", "run_id")
+
+
+def test_schemas_ship_with_the_package():
+    for name in rawio.DOCUMENTS + ("manifest",):
+        schema = rawio.load_schema(name)
+        assert schema["$schema"].endswith("2020-12/schema")
+    json.dumps(rawio.load_schema("benchmark"))
