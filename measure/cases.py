@@ -1,0 +1,333 @@
+"""Benchmark profiles and the cases they expand to.
+
+A profile names the shapes (batch, 4 query heads on 2 KV heads, head dim, bf16, causal, padded) and
+sequence lengths; a scope names what is measured:
+
+* ``softmax``: the masked-softmax step alone, ``masked_softmax`` (pallas) vs
+  ``reference_masked_softmax`` (xla), on ``[batch, q_heads, seq, seq]`` logits.
+* ``attention``: whole grouped-query attention, ``pallas_attention`` vs ``reference_attention``.
+* ``flash``: the fused ``flash_attention`` vs ``reference_attention``; on a GPU also cuDNN's fused
+  attention, ``jax.nn.dot_product_attention(implementation="cudnn")``. cuDNN aligns causal masks
+  top-left and handles rows with no visible key differently; the cases use ``q_len == kv_len``
+  and key lengths ``>= seq/2``, where top-left equals the contract's bottom-right alignment and no
+  row is empty, so all three compute the same function.
+* ``sharded``: ``sharded_attention`` of the profile's kernel, the same global problem on 1 device
+  and on all devices (scaling efficiency ``t1 / (n * tn)`` goes into the pair).
+
+Every case of a scope and sequence length gets the same inputs (drawn from ``seed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import zlib
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from measure import roofline
+
+SCOPES = ("softmax", "attention", "flash", "sharded")
+PUBLISHED_SEQ_LENS = (128, 256, 512, 1024, 2048)
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Shapes and defaults of a benchmark run.
+
+    Attributes:
+      seq_lens: sequence lengths (``q_len == kv_len``) of every scope.
+      long_seq_lens: extra lengths for the ``flash`` and ``sharded`` scopes only.
+      max_tokens: cap on ``batch * seq`` for the scopes that run the XLA reference (its fp32
+        logits grow with ``seq**2``); the batch shrinks, never below 1, for longer sequences.
+      sharded_kernel: the contract kernel the ``sharded`` scope shards (``flash``, ``pallas`` or
+        ``xla``).
+      export_tpu: on a CPU, also export the Pallas cases' StableHLO for TPU.
+    """
+
+    name: str
+    batch: int
+    head_dim: int
+    seq_lens: tuple[int, ...] = PUBLISHED_SEQ_LENS
+    long_seq_lens: tuple[int, ...] = ()
+    num_q_heads: int = 4
+    num_kv_heads: int = 2
+    dtype: str = "bfloat16"
+    causal: bool = True
+    padded: bool = True
+    max_tokens: int | None = None
+    scopes: tuple[str, ...] = ("softmax", "attention")
+    warmups: int = 5
+    samples: int = 20
+    sharded_kernel: str = "flash"
+    export_tpu: bool = True
+
+    def batch_for(self, scope: str, seq: int) -> int:
+        if self.max_tokens is None or scope == "sharded":
+            return self.batch
+        return max(1, min(self.batch, self.max_tokens // seq))
+
+    def seq_lens_for(self, scope: str) -> tuple[int, ...]:
+        return self.seq_lens + (self.long_seq_lens if scope in ("flash", "sharded") else ())
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p for p in (
+        # Finishes in under 3 minutes on a 2-core CPU, Pallas in interpret mode.
+        Profile("cpu", batch=1, head_dim=64),
+        Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=3, export_tpu=True),
+        Profile("tpu-v5e", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
+                scopes=SCOPES),
+        Profile("gpu", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
+                scopes=SCOPES),
+    )
+}
+
+
+def default_profile(platform: str) -> str:
+    """The profile a platform gets unless told otherwise: ``cpu``, ``tpu-v5e`` or ``gpu``."""
+    return {"tpu": "tpu-v5e", "gpu": "gpu"}.get(platform, "cpu")
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; choose from {sorted(PROFILES)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One measured function at one shape.
+
+    ``fn(*args)`` is what is jitted and timed; ``tpu_fn`` the same with Pallas compiled for TPU
+    (for the StableHLO export from a CPU), ``None`` where there is nothing Pallas to export.
+    ``make_inputs()`` returns host (numpy) arrays matching ``abstract_args``.
+    """
+
+    case_id: str
+    scope: str
+    implementation: str
+    seq_len: int
+    shape: dict[str, int]
+    dtype: str
+    causal: bool
+    padded: bool
+    interpret: bool
+    fn: Callable[..., Any]
+    abstract_args: tuple[jax.ShapeDtypeStruct, ...]
+    make_inputs: Callable[[], list[np.ndarray]]
+    flops: float
+    bytes_moved: float
+    tpu_fn: Callable[..., Any] | None = None
+    mesh_devices: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """Numerator over denominator at one scope and sequence; ``devices`` for a scaling pair."""
+
+    scope: str
+    seq_len: int
+    numerator: str
+    denominator: str
+    devices: int | None = None
+
+
+def kv_lengths_for(batch: int, seq: int) -> np.ndarray:
+    """Key lengths alternating 3/4 and all of ``seq`` over the batch: padding, but no empty row."""
+    return np.array([seq - (seq // 4) * ((b + 1) % 2) for b in range(batch)], dtype=np.int32)
+
+
+def _rng(seed: int, scope: str, seq: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(scope.encode()), seq]))
+
+
+# --- implementations: each returns fn(*args) for fixed static settings -------------------------
+
+def _attention_kernel(name: str, interpret: bool | None) -> Callable[..., Any]:
+    """The contract callable ``name`` (xla, pallas, flash, cudnn), Pallas ones with ``interpret``."""
+    import kernel_src
+
+    if name == "xla":
+        return kernel_src.reference_attention
+    if name == "pallas":
+        return functools.partial(kernel_src.pallas_attention, interpret=interpret)
+    if name == "flash":
+        flash = kernel_src.flash_attention
+        if "interpret" in inspect.signature(flash).parameters:
+            return functools.partial(flash, interpret=interpret)
+        if interpret is False and jax.default_backend() == "cpu":
+            raise NotImplementedError("flash_attention takes no interpret flag to export for TPU")
+        return flash
+    if name == "cudnn":
+        return _cudnn_attention
+    raise ValueError(f"unknown attention implementation {name!r}")
+
+
+def _cudnn_attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    """cuDNN's fused attention; equals the contract only for q_len == kv_len and no empty rows."""
+    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
+                                        key_value_seq_lengths=kv_lengths, implementation="cudnn")
+
+
+def _softmax_fn(name: str, causal: bool, interpret: bool | None, tpu_blocks: bool = False):
+    import kernel_src
+
+    if name == "xla":
+        return lambda logits, lengths: kernel_src.reference_masked_softmax(
+            logits, causal=causal, kv_lengths=lengths)
+    extra = {}
+    if tpu_blocks and hasattr(kernel_src, "SoftmaxBlockSizes"):
+        extra["block_sizes"] = kernel_src.SoftmaxBlockSizes.for_platform("tpu")
+    return lambda logits, lengths: kernel_src.masked_softmax(
+        logits, causal=causal, kv_lengths=lengths, interpret=interpret, **extra)
+
+
+def _attention_fn(kernel: Callable[..., Any], causal: bool, scale: float):
+    return lambda q, k, v, lengths: kernel(q, k, v, causal=causal, kv_lengths=lengths, scale=scale)
+
+
+def _sharded_fn(kernel: Callable[..., Any], devices: int, causal: bool, scale: float):
+    def fn(q, k, v, lengths):
+        import kernel_src
+
+        mesh = _mesh(devices)
+        return kernel_src.sharded_attention(kernel, q, k, v, mesh=mesh, causal=causal,
+                                            kv_lengths=lengths, scale=scale)
+    return fn
+
+
+def _mesh(devices: int):
+    """A mesh over the first ``devices`` devices, built by kernel_src's own helper when it has one."""
+    import kernel_src
+
+    chosen = jax.devices()[:devices]
+    for helper in ("attention_mesh", "make_mesh", "default_mesh"):
+        make = getattr(kernel_src, helper, None)
+        if make is not None:
+            return make(chosen)
+    raise NotImplementedError("kernel_src has no mesh helper (attention_mesh/make_mesh/default_mesh)")
+
+
+# --- expansion ---------------------------------------------------------------------------------
+
+def _implementations(scope: str, platform: str, profile: Profile) -> list[str]:
+    if scope in ("softmax", "attention"):
+        return ["xla", "pallas"]
+    if scope == "flash":
+        return ["xla", "flash"] + (["cudnn"] if platform == "gpu" else [])
+    if scope == "sharded":
+        n = jax.device_count()
+        return [f"{profile.sharded_kernel}@1"] + ([f"{profile.sharded_kernel}@{n}"] if n > 1 else [])
+    raise ValueError(f"unknown scope {scope!r}; choose from {SCOPES}")
+
+
+def _pairs(scope: str, seq: int, ids: dict[str, str]) -> list[Pair]:
+    if scope in ("softmax", "attention"):
+        return [Pair(scope, seq, ids["pallas"], ids["xla"])]
+    if scope == "flash":
+        pairs = [Pair(scope, seq, ids["flash"], ids["xla"])]
+        if "cudnn" in ids:
+            pairs += [Pair(scope, seq, ids["cudnn"], ids["xla"]), Pair(scope, seq, ids["flash"], ids["cudnn"])]
+        return pairs
+    one, *many = sorted(ids, key=lambda impl: int(impl.split("@")[1]))
+    return [Pair(scope, seq, ids[impl], ids[one], devices=int(impl.split("@")[1])) for impl in many]
+
+
+def _uses_pallas(impl: str) -> bool:
+    return impl.split("@")[0] in ("pallas", "flash")
+
+
+def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
+                platform: str | None = None) -> tuple[list[Case], list[Pair]]:
+    """Expand ``profile`` over ``scopes`` into cases (in run order) and the pairs to compare."""
+    platform = platform or jax.default_backend()
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown:
+        raise ValueError(f"unknown scope(s) {unknown}; choose from {SCOPES}")
+    dtype = jnp.dtype(profile.dtype)
+    cases, pairs = [], []
+    for scope in scopes:
+        for seq in profile.seq_lens_for(scope):
+            batch = profile.batch_for(scope, seq)
+            ids = {}
+            for impl in _implementations(scope, platform, profile):
+                case = _case(profile, scope, impl, seq, batch, dtype, seed, platform)
+                ids[impl] = case.case_id
+                cases.append(case)
+            pairs += _pairs(scope, seq, ids)
+    return cases, pairs
+
+
+def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: Any, seed: int,
+          platform: str) -> Case:
+    hq, hk, d = profile.num_q_heads, profile.num_kv_heads, profile.head_dim
+    lengths = kv_lengths_for(batch, seq) if profile.padded else None
+    interpret = platform == "cpu" and _uses_pallas(impl)
+    shape = dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq, num_kv_heads=hk, head_dim=d)
+    lengths_spec = (jax.ShapeDtypeStruct((batch,), jnp.int32),) if lengths is not None else ()
+    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)
+    base, _, devices = impl.partition("@")
+
+    if scope == "softmax":
+        abstract = (jax.ShapeDtypeStruct((batch, hq, seq, seq), dtype),) + lengths_spec
+        flops, nbytes = roofline.softmax_work(batch, hq, seq, seq, dtype.itemsize, lengths is not None)
+
+        def make_inputs():
+            logits = _rng(seed, scope, seq).standard_normal((batch, hq, seq, seq), dtype=np.float32)
+            return [(3.0 * logits).astype(dtype)] + ([lengths] if lengths is not None else [])
+
+        fn = _with_optional_lengths(_softmax_fn(impl, profile.causal, interpret or None), lengths)
+        tpu_fn = _with_optional_lengths(_softmax_fn(impl, profile.causal, False, tpu_blocks=True),
+                                        lengths) if export else None
+        case_id = f"{scope}-{impl}-s{seq}"
+    else:
+        scale = d ** -0.5
+        abstract = (jax.ShapeDtypeStruct((batch, seq, hq, d), dtype),
+                    jax.ShapeDtypeStruct((batch, seq, hk, d), dtype),
+                    jax.ShapeDtypeStruct((batch, seq, hk, d), dtype)) + lengths_spec
+        flops, nbytes = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize,
+                                                profile.causal, lengths)
+
+        def make_inputs():
+            rng = _rng(seed, scope, seq)
+            qkv = [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype) for a in abstract[:3]]
+            return qkv + ([lengths] if lengths is not None else [])
+
+        def contract_fn(interp):
+            kernel = _attention_kernel(base, interp)
+            if scope == "sharded":
+                return _sharded_fn(kernel, int(devices), profile.causal, scale)
+            return _attention_fn(kernel, profile.causal, scale)
+
+        fn = _with_optional_lengths(_LazyFn(contract_fn, interpret or None), lengths)
+        tpu_fn = _with_optional_lengths(_LazyFn(contract_fn, False), lengths) if export else None
+        case_id = f"{scope}-{base}-d{devices}-s{seq}" if scope == "sharded" else f"{scope}-{impl}-s{seq}"
+
+    return Case(case_id=case_id, scope=scope, implementation=impl, seq_len=seq, shape=shape,
+                dtype=dtype.name, causal=profile.causal, padded=lengths is not None,
+                interpret=interpret, fn=fn, abstract_args=abstract, make_inputs=make_inputs,
+                flops=flops, bytes_moved=nbytes, tpu_fn=tpu_fn,
+                mesh_devices=int(devices) if devices else None)
+
+
+class _LazyFn:
+    """Resolves the implementation at the first call, so a missing kernel fails its case only."""
+
+    def __init__(self, factory: Callable[[Any], Callable[..., Any]], interpret: Any):
+        self.factory, self.interpret = factory, interpret
+
+    def __call__(self, *args):
+        return self.factory(self.interpret)(*args)
+
+
+def _with_optional_lengths(fn: Callable[..., Any], lengths: np.ndarray | None) -> Callable[..., Any]:
+    """``fn`` taking the key lengths as its last argument, or ``None`` for them when unpadded."""
+    if lengths is not None:
+        return fn
+    return lambda *args: fn(*args, None)
