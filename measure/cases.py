@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import inspect
 import zlib
 from typing import Any, Callable, Sequence
 
@@ -149,21 +148,23 @@ def _rng(seed: int, scope: str, seq: int) -> np.random.Generator:
 
 # --- implementations: each returns fn(*args) for fixed static settings -------------------------
 
-def _attention_kernel(name: str, interpret: bool | None) -> Callable[..., Any]:
-    """The contract callable ``name`` (xla, pallas, flash, cudnn), Pallas ones with ``interpret``."""
+def _attention_kernel(name: str, interpret: bool | None, tpu_export: bool = False) -> Callable[..., Any]:
+    """The contract callable ``name`` (xla, pallas, flash, cudnn), Pallas ones with ``interpret``.
+
+    ``tpu_export``: compiled Pallas with the kernel's TPU block sizes, to export for TPU from here.
+    """
     import kernel_src
 
     if name == "xla":
         return kernel_src.reference_attention
     if name == "pallas":
-        return functools.partial(kernel_src.pallas_attention, interpret=interpret)
+        extra = {"block_sizes": kernel_src.SoftmaxBlockSizes.for_platform("tpu")} if tpu_export else {}
+        return functools.partial(kernel_src.pallas_attention, interpret=interpret, **extra)
     if name == "flash":
-        flash = kernel_src.flash_attention
-        if "interpret" in inspect.signature(flash).parameters:
-            return functools.partial(flash, interpret=interpret)
-        if interpret is False and jax.default_backend() == "cpu":
-            raise NotImplementedError("flash_attention takes no interpret flag to export for TPU")
-        return flash
+        from kernel_src import flash_attention as flash
+
+        extra = {"variant": "mosaic"} if tpu_export else {}
+        return functools.partial(flash.flash_attention, interpret=interpret, **extra)
     if name == "cudnn":
         return _cudnn_attention
     raise ValueError(f"unknown attention implementation {name!r}")
@@ -300,7 +301,7 @@ def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: 
             return qkv + ([lengths] if lengths is not None else [])
 
         def contract_fn(interp):
-            kernel = _attention_kernel(base, interp)
+            kernel = _attention_kernel(base, interp, tpu_export=interp is False and platform == "cpu")
             if scope == "sharded":
                 return _sharded_fn(kernel, int(devices), profile.causal, scale)
             return _attention_fn(kernel, profile.causal, scale)

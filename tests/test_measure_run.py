@@ -1,0 +1,240 @@
+"""The main job end to end on the CPU (tiny profile): a schema-valid run folder, every sample kept,
+StableHLO evidence, no secret anywhere, failed cases recorded, and atomic output."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from measure import rawio
+from measure import run as run_module
+from measure.benchmark import BenchmarkResult, run_case
+from measure.cases import SCOPES, build_cases, get_profile
+from measure.cli import main
+
+CANARY = "canary-0d1e2f3a-must-never-be-written"
+SECRET_NAMES = ("HF_TOKEN", "KAGGLE_KEY", "TPU_SECRET_TOKEN")
+HAS_RUBRIC = importlib.util.find_spec("measure.rubric") is not None
+REAL_GRADE = run_module.grade
+
+
+def _stub_scorecards(kernels, *, seed, progress):
+    check = {"name": "stub", "passed": True, "points": 1, "max_points": 1, "detail": "measure.rubric missing"}
+    return [{"candidate": k, "kind": "kernel", "passed": True, "score": 1, "max_score": 1, "checks": [check]}
+            for k in kernels]
+
+
+def _quick_real_grade(kernels, *, seed, progress):
+    """The real rubric on cheap candidates: grading Pallas in interpret mode takes minutes on this
+    CPU, too long for a unit test. The candidate choice itself is tested on its own below."""
+    return REAL_GRADE(["reference"], seed=seed, progress=progress, known_bad=["zeros"])
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """One tiny measure run with planted credentials in the environment; returns its folder."""
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    with pytest.MonkeyPatch.context() as mp:
+        for name in SECRET_NAMES:
+            mp.setenv(name, CANARY)
+        mp.setenv("TPU_RECORDS_TEST_MARKER", "allowed-marker")
+        mp.setattr(run_module, "grade", _quick_real_grade if HAS_RUBRIC else _stub_scorecards)
+        mp.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
+        path = run_module.run_measure(out, profile="tiny", scopes=["softmax", "attention"], samples=3,
+                                      warmups=1, progress=False)
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(tiny_run):
+    return rawio.read_run(tiny_run)
+
+
+def test_run_folder_is_complete_and_schema_valid(tiny_run, run):
+    assert tiny_run.name == "tiny" and not list(tiny_run.parent.glob(".*partial"))
+    bench, env = run["benchmark"], run["environment"]
+    assert env["profile"] == bench["profile"] == "tiny" and env["platform"] == bench["platform"] == "cpu"
+    assert [c["case_id"] for c in bench["cases"]] == [
+        "softmax-xla-s128", "softmax-pallas-s128", "attention-xla-s128", "attention-pallas-s128"]
+    assert bench["warmups"] == 1 and bench["samples_per_case"] == 3
+
+
+def test_every_case_is_timed_and_summarized(run):
+    for case in run["benchmark"]["cases"]:
+        assert case["status"] == "ok", case["error"]
+        samples = case["samples_ms"]
+        assert len(samples) == 3 and all(s > 0 for s in samples)
+        assert case["median_ms"] == pytest.approx(float(np.median(samples)))
+        assert case["min_ms"] <= case["q1_ms"] <= case["median_ms"] <= case["q3_ms"] <= case["max_ms"]
+        assert case["lower_ms"] > 0 and case["compile_ms"] > 0 and case["transfer_ms"] > 0
+        assert case["shape"] == {"batch": 1, "q_len": 128, "kv_len": 128, "num_q_heads": 4,
+                                 "num_kv_heads": 2, "head_dim": 64}
+        assert case["dtype"] == "bfloat16" and case["causal"] and case["padded"]
+        assert case["interpret"] == (case["implementation"] == "pallas")
+        assert case["flops"] > 0 and case["tflops"] > 0 and case["peak_flops_fraction"] is None
+
+
+def test_pairs_are_pallas_over_xla_with_a_ci(run):
+    pairs = run["benchmark"]["pairs"]
+    assert [(p["scope"], p["numerator"], p["denominator"]) for p in pairs] == [
+        ("softmax", "softmax-pallas-s128", "softmax-xla-s128"),
+        ("attention", "attention-pallas-s128", "attention-xla-s128")]
+    by_id = {c["case_id"]: c for c in run["benchmark"]["cases"]}
+    for p in pairs:
+        assert p["ratio"] == pytest.approx(by_id[p["numerator"]]["median_ms"] / by_id[p["denominator"]]["median_ms"])
+        assert p["ci_low"] <= p["ratio"] <= p["ci_high"]
+
+
+def test_stablehlo_evidence_is_deterministic_gzip(tiny_run, run):
+    for case in run["benchmark"]["cases"]:
+        data = (tiny_run / case["stablehlo"]).read_bytes()
+        assert data[4:8] == b"\0\0\0\0"  # gzip mtime field
+        assert "func.func public @main" in gzip.decompress(data).decode()
+        if case["implementation"] == "pallas":
+            tpu = gzip.decompress((tiny_run / case["stablehlo_tpu"]).read_bytes()).decode()
+            assert "tpu_custom_call" in tpu
+        else:
+            assert case["stablehlo_tpu"] is None
+
+
+def test_environment_and_interpret_flags(run):
+    env = run["environment"]
+    assert env["interpret"] and run["benchmark"]["interpret"]
+    assert "say nothing about kernel speed" in env["notes"]
+    assert env["devices_used"] == 1 and env["device_count"] >= 1
+    assert env["bootstrap"][0]["outcome"] == "used"
+    assert env["env_vars"]["TPU_RECORDS_TEST_MARKER"] == "allowed-marker"
+    assert not set(SECRET_NAMES) & set(env["env_vars"])
+
+
+def test_no_secret_anywhere_in_the_run_folder(tiny_run):
+    files = [p for p in tiny_run.rglob("*") if p.is_file()]
+    assert len(files) >= 4 + 6
+    for path in files:
+        data = path.read_bytes()
+        texts = [data, gzip.decompress(data)] if path.suffix == ".gz" else [data]
+        for text in texts:
+            assert CANARY.encode() not in text, path
+
+
+def test_correctness_comes_from_the_same_run(run):
+    corr = run["correctness"]
+    assert corr["measured_candidate"] == "reference" and corr["power"] is None and corr["seed"] == 0
+    cards = {c["candidate"]: c for c in corr["scorecards"]}
+    assert cards["reference"]["passed"], cards["reference"]
+    if HAS_RUBRIC:
+        assert cards["zeros"]["kind"] == "known-bad" and not cards["zeros"]["passed"]
+        assert len(cards["reference"]["checks"]) >= 5
+
+
+def test_the_measured_kernels_decide_the_candidates():
+    cpu, tpu = get_profile("cpu"), get_profile("tpu-v5e")
+    assert run_module.measured_candidates(cpu, ["softmax", "attention"]) == ("pallas", ["pallas"])
+    assert run_module.measured_candidates(tpu, list(SCOPES)) == ("pallas", ["pallas", "flash"])
+    assert run_module.measured_candidates(tpu, ["flash"]) == ("flash", ["flash"])
+    assert run_module.measured_candidates(tpu, ["sharded"]) == ("flash", ["flash"])
+
+
+def test_grading_never_raises_when_the_rubric_cannot_run(monkeypatch):
+    import measure
+
+    monkeypatch.setattr(measure, "rubric", None, raising=False)
+    monkeypatch.setitem(__import__("sys").modules, "measure.rubric", None)
+    (card,) = run_module.grade(["pallas"], seed=0, progress=False)
+    assert card["candidate"] == "pallas" and not card["passed"] and "Error" in card["error"]
+
+
+def test_summary_names_cases_ratios_checks_and_the_caveat(run):
+    text = run_module.summary(run["benchmark"], run["correctness"])
+    assert "softmax" in text and "attention" in text and "(interp)" in text
+    assert "rubric reference" in text and "say nothing about kernel speed" in text
+
+
+# --- failures --------------------------------------------------------------------------------------
+
+def _tiny_case(index=0):
+    cases, _ = build_cases(get_profile("tiny"), ["softmax"], platform="cpu")
+    return cases[index]
+
+
+def test_a_raising_case_is_recorded_as_failed():
+    def boom(*args):
+        raise RuntimeError("kernel exploded")
+
+    record, files, _ = run_case(dataclasses.replace(_tiny_case(), fn=boom), warmups=0, samples=2,
+                                device_kind="cpu")
+    rawio.validate("benchmark", {**_bench_doc([record]), "pairs": []})
+    assert record["status"] == "failed" and "kernel exploded" in record["error"]
+    assert record["samples_ms"] == [] and record["median_ms"] is None and files == {}
+
+
+def test_a_non_finite_output_is_recorded_as_failed():
+    record, files, _ = run_case(dataclasses.replace(_tiny_case(), fn=lambda x, n: x * np.nan),
+                                warmups=0, samples=2, device_kind="cpu")
+    assert record["status"] == "failed" and "non-finite" in record["error"]
+    assert record["stablehlo"] in files
+
+
+def _bench_doc(cases):
+    return {"format_version": 1, "run_id": "cpu-cpu-test", "source": "measured", "profile": "tiny",
+            "platform": "cpu", "interpret": False, "warmups": 0, "samples_per_case": 2, "cases": cases}
+
+
+@pytest.fixture
+def replay(run, monkeypatch):
+    """Make run_measure replay the tiny run's results instead of measuring again (fast)."""
+    bench = run["benchmark"]
+    result = BenchmarkResult(cases=[dict(c) for c in bench["cases"]], pairs=list(bench["pairs"]))
+    monkeypatch.setattr(run_module, "run_benchmark", lambda *a, **k: result)
+    monkeypatch.setattr(run_module, "grade", lambda *a, **k: run["correctness"]["scorecards"])
+    return result
+
+
+def test_a_failed_write_leaves_no_folder(tmp_path, replay, monkeypatch):
+    def broken_rename(src, dst):
+        raise OSError("disk full (injected)")
+
+    monkeypatch.setattr(rawio.os, "rename", broken_rename)
+    with pytest.raises(OSError, match="injected"):
+        run_module.run_measure(tmp_path / "new", profile="tiny", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_an_existing_run_folder_is_never_touched(tmp_path, replay):
+    existing = tmp_path / "old"
+    existing.mkdir()
+    (existing / "benchmark.json").write_text("precious")
+    with pytest.raises(FileExistsError):
+        run_module.run_measure(existing, profile="tiny", progress=False)
+    assert main(["measure", "--out", str(existing), "--profile", "tiny", "--quiet"]) == 2
+    assert [p.name for p in existing.iterdir()] == ["benchmark.json"]
+    assert (existing / "benchmark.json").read_text() == "precious"
+
+
+def test_a_leaked_secret_refuses_the_whole_run(tmp_path, replay, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", CANARY)
+    replay.cases[0] = {**replay.cases[0], "status": "failed", "error": f"bad token {CANARY}"}
+    with pytest.raises(run_module.SecretLeakError):
+        run_module.run_measure(tmp_path / "leak", profile="tiny", progress=False)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_default_folder_is_runs_run_id(tmp_path, replay, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = run_module.run_measure(profile="tiny", progress=False)
+    second = run_module.run_measure(profile="tiny", progress=False)
+    assert first.parent == Path("runs") and first.name.startswith("cpu-cpu-") and second != first
+    for folder in (first, second):
+        assert rawio.read_run(folder)["manifest"]["run_id"].startswith(first.name[:len("cpu-cpu-2025")])
+
+
+def test_cli_rejects_bad_counts_and_scopes(capsys):
+    for argv in (["measure", "--samples", "0"], ["measure", "--scopes", "nope"], ["measure", "--warmups", "-1"]):
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        assert exit_info.value.code == 2
