@@ -161,10 +161,8 @@ def _attention_kernel(name: str, interpret: bool | None, tpu_export: bool = Fals
         extra = {"block_sizes": kernel_src.SoftmaxBlockSizes.for_platform("tpu")} if tpu_export else {}
         return functools.partial(kernel_src.pallas_attention, interpret=interpret, **extra)
     if name == "flash":
-        from kernel_src import flash_attention as flash
-
         extra = {"variant": "mosaic"} if tpu_export else {}
-        return functools.partial(flash.flash_attention, interpret=interpret, **extra)
+        return functools.partial(kernel_src.flash_attention, interpret=interpret, **extra)
     if name == "cudnn":
         return _cudnn_attention
     raise ValueError(f"unknown attention implementation {name!r}")
@@ -195,24 +193,12 @@ def _attention_fn(kernel: Callable[..., Any], causal: bool, scale: float):
 
 def _sharded_fn(kernel: Callable[..., Any], devices: int, causal: bool, scale: float):
     def fn(q, k, v, lengths):
-        import kernel_src
+        from kernel_src import sharded
 
-        mesh = _mesh(devices)
-        return kernel_src.sharded_attention(kernel, q, k, v, mesh=mesh, causal=causal,
-                                            kv_lengths=lengths, scale=scale)
+        mesh = sharded.attention_mesh(q.shape[0], k.shape[2], jax.devices()[:devices])
+        return sharded.sharded_attention(kernel, q, k, v, mesh=mesh, causal=causal,
+                                         kv_lengths=lengths, scale=scale)
     return fn
-
-
-def _mesh(devices: int):
-    """A mesh over the first ``devices`` devices, built by kernel_src's own helper when it has one."""
-    import kernel_src
-
-    chosen = jax.devices()[:devices]
-    for helper in ("attention_mesh", "make_mesh", "default_mesh"):
-        make = getattr(kernel_src, helper, None)
-        if make is not None:
-            return make(chosen)
-    raise NotImplementedError("kernel_src has no mesh helper (attention_mesh/make_mesh/default_mesh)")
 
 
 # --- expansion ---------------------------------------------------------------------------------

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import json
 import importlib.util
 from pathlib import Path
 
@@ -238,3 +239,43 @@ def test_cli_rejects_bad_counts_and_scopes(capsys):
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
         assert exit_info.value.code == 2
+
+
+SHARDED_SCRIPT = r"""
+import dataclasses, json
+from measure import rawio
+from measure.benchmark import pair_record, run_case
+from measure.cases import build_cases, get_profile
+profile = dataclasses.replace(get_profile("tiny"), batch=2)
+cases, pairs = build_cases(profile, ["flash", "sharded"])
+records = [run_case(c, warmups=1, samples=2, device_kind="cpu")[0] for c in cases]
+by_id = {r["case_id"]: r for r in records}
+doc = {"format_version": 1, "run_id": "cpu-cpu-sharded", "source": "measured", "profile": "tiny",
+       "platform": "cpu", "interpret": True, "warmups": 1, "samples_per_case": 2, "cases": records,
+       "pairs": [pair_record(p, by_id, 0) for p in pairs]}
+rawio.validate("benchmark", doc)
+print(json.dumps(doc))
+"""
+
+
+def test_flash_and_sharded_scopes_on_two_host_devices():
+    """The flash and sharded scopes on 2 forced host devices (a fresh process: XLA_FLAGS must be
+    set before JAX starts)."""
+    import subprocess
+    import sys
+
+    env = {**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    done = subprocess.run([sys.executable, "-c", SHARDED_SCRIPT], capture_output=True, text=True,
+                          env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    doc = json.loads(done.stdout.strip().splitlines()[-1])
+    cases = {c["case_id"]: c for c in doc["cases"]}
+    assert sorted(cases) == ["flash-flash-s128", "flash-xla-s128", "sharded-flash-d1-s128", "sharded-flash-d2-s128"]
+    assert all(c["status"] == "ok" for c in cases.values()), [c["error"] for c in cases.values()]
+    assert cases["sharded-flash-d2-s128"]["devices_used"] == 2 and cases["sharded-flash-d1-s128"]["devices_used"] == 1
+    assert cases["sharded-flash-d2-s128"]["implementation"] == "flash@2"
+    assert cases["flash-flash-s128"]["interpret"] and cases["flash-flash-s128"]["stablehlo_tpu"]
+    scaling = next(p for p in doc["pairs"] if p["scope"] == "sharded")
+    assert scaling["devices"] == 2 and scaling["numerator"] == "sharded-flash-d2-s128"
+    assert scaling["scaling_efficiency"] == pytest.approx(
+        cases["sharded-flash-d1-s128"]["median_ms"] / (2 * cases["sharded-flash-d2-s128"]["median_ms"]))
