@@ -1,0 +1,197 @@
+"""The fused flash-attention kernel against the float64 oracle: forward and Q/K/V gradients.
+
+Interpret mode on CPU; each case is one jitted forward + VJP (one compile), with explicit small
+blocks so several query and key blocks exist and the online softmax and block skipping run.
+"""
+
+from __future__ import annotations
+
+import importlib
+import itertools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from kernel_src.backend import tpu_interpret_races_found
+from np_oracle import np_attention, np_attention_grads, np_visible
+
+# The package re-exports the function under the module's name, so fetch the module itself.
+fa = importlib.import_module("kernel_src.flash_attention")
+
+FlashBlockSizes = fa.FlashBlockSizes
+BLOCKS_128 = FlashBlockSizes()  # every block 128
+MIXED = FlashBlockSizes(block_q=128, block_k=128, block_q_dq=64, block_k_dq=128,
+                        block_q_dkv=128, block_k_dkv=64)
+WIDE_K = FlashBlockSizes(128, 256, 128, 256, 128, 256)  # statistics tiled across 2 x 128 lanes
+TRITON_64 = FlashBlockSizes(64, 64, 64, 64, 64, 64)
+TOL = {jnp.float32: 5e-5, jnp.bfloat16: 4e-2}
+
+
+def _inputs(batch, q_len, kv_len, q_heads, kv_heads, head_dim, dtype=jnp.float32, seed=0):
+    """Random ``(q, k, v, do)`` made with NumPy (no per-shape RNG compiles), ``do`` in ``dtype``."""
+    rng = np.random.default_rng(seed)
+    shapes = [(batch, q_len, q_heads, head_dim), (batch, kv_len, kv_heads, head_dim),
+              (batch, kv_len, kv_heads, head_dim), (batch, q_len, q_heads, head_dim)]
+    return tuple(jnp.asarray(rng.standard_normal(s, np.float32).astype(dtype)) for s in shapes)
+
+
+def _run(q, k, v, do, *, causal, kv_lengths=None, scale=None, **kwargs):
+    """``(out, dq, dk, dv)`` of one jitted forward + VJP of ``flash_attention``."""
+
+    @jax.jit
+    def fwd_bwd(q, k, v, do, kv_lengths):
+        def attend(q, k, v):
+            return fa.flash_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale,
+                                      **kwargs)
+
+        out, vjp = jax.vjp(attend, q, k, v)
+        return (out, *vjp(do))
+
+    return jax.block_until_ready(fwd_bwd(q, k, v, do, kv_lengths))
+
+
+def _check_against_oracle(results, q, k, v, do, *, causal, kv_lengths=None, scale=None):
+    lengths = None if kv_lengths is None else np.asarray(kv_lengths)
+    want = (np_attention(q, k, v, causal=causal, kv_lengths=lengths, scale=scale),
+            *np_attention_grads(q, k, v, do, causal=causal, kv_lengths=lengths, scale=scale))
+    tol = TOL[q.dtype.type]
+    for name, got, ref in zip(("out", "dq", "dk", "dv"), results, want):
+        assert got.dtype == q.dtype, name
+        got = np.asarray(got).astype(np.float64)
+        assert np.all(np.isfinite(got)), f"{name} is not finite"
+        np.testing.assert_allclose(got, ref, atol=tol, rtol=tol, err_msg=name)
+    # Rows that see no key: exact zeros in the output and in dQ, not merely small.
+    empty = ~np_visible(q.shape[0], q.shape[1], k.shape[1], causal, lengths).any(axis=-1)
+    for name, got in zip(("out", "dq"), results[:2]):
+        assert not np.any(np.asarray(got)[empty]), f"{name} of empty rows"
+
+
+# (batch, q_len, kv_len, q_heads, kv_heads, head_dim, causal, kv_lengths, blocks)
+CASES = {
+    "gqa2-lengths-with-zero": (2, 200, 300, 4, 2, 64, False, [0, 170], WIDE_K),
+    "causal-k-longer-gqa1": (1, 200, 300, 4, 1, 64, True, None, BLOCKS_128),
+    "causal-q-longer-empty-rows": (1, 300, 200, 4, 2, 64, True, [150], MIXED),
+    "causal-narrow-40": (2, 40, 40, 4, 2, 32, True, [40, 7], FlashBlockSizes(*(32,) * 6)),
+}
+SWEEP = [(name, jnp.float32) for name in CASES] + [
+    ("causal-k-longer-gqa1", jnp.bfloat16), ("causal-q-longer-empty-rows", jnp.bfloat16)]
+
+
+@pytest.mark.parametrize("name,dtype", SWEEP, ids=[f"{n}-{jnp.dtype(d).name}" for n, d in SWEEP])
+def test_matches_float64_oracle(name, dtype):
+    batch, q_len, kv_len, hq, hk, d, causal, lengths, blocks = CASES[name]
+    q, k, v, do = _inputs(batch, q_len, kv_len, hq, hk, d, dtype)
+    kv_lengths = None if lengths is None else jnp.asarray(lengths, jnp.int32)
+    scale = 0.3 if name == "causal-k-longer-gqa1" else None
+    results = _run(q, k, v, do, causal=causal, kv_lengths=kv_lengths, scale=scale,
+                   block_sizes=blocks, interpret=True)
+    _check_against_oracle(results, q, k, v, do, causal=causal, kv_lengths=kv_lengths, scale=scale)
+
+
+def test_triton_variant_in_interpret_mode():
+    """The GPU kernels (in-kernel loops over blocks) in plain interpret mode."""
+    q, k, v, do = _inputs(2, 200, 300, 4, 2, 64)
+    kv_lengths = jnp.asarray([0, 250], jnp.int32)
+    results = _run(q, k, v, do, causal=True, kv_lengths=kv_lengths, block_sizes=TRITON_64,
+                   interpret=True, variant="triton")
+    _check_against_oracle(results, q, k, v, do, causal=True, kv_lengths=kv_lengths)
+
+
+def test_tpu_interpret_mode_races_and_uninitialized_memory(tpu_interpret):
+    """Scratch and outputs start NaN-filled, so a skipped init or store shows up; no races."""
+    q, k, v, do = _inputs(2, 130, 200, 4, 2, 64)
+    kv_lengths = jnp.asarray([0, 170], jnp.int32)
+    results = _run(q, k, v, do, causal=True, kv_lengths=kv_lengths, block_sizes=BLOCKS_128,
+                   interpret=tpu_interpret)
+    _check_against_oracle(results, q, k, v, do, causal=True, kv_lengths=kv_lengths)
+    assert tpu_interpret_races_found() is not True
+
+
+def test_skipped_blocks_are_never_computed():
+    """NaN planted where only skipped (query block, key block) pairs would read it.
+
+    A computed-but-masked tile still multiplies ``0 * NaN = NaN`` into its accumulators, so
+    finite results prove the kernels skipped those tiles. Causal, 384 x 384, blocks of 128:
+      batch 0: K/V NaN at keys 128.. : rows 0..127 (query block 0) must stay finite, as must dQ.
+      batch 1: Q/dO NaN at rows 0..127: dK/dV at keys 128.. must stay finite.
+      batch 2: kv_length 130, K/V NaN at keys 256.. (a block wholly past the length): all finite.
+    """
+    q, k, v, do = _inputs(3, 384, 384, 4, 2, 64)
+    kv_lengths = jnp.asarray([384, 384, 130], jnp.int32)
+    bad_q, bad_k, bad_v, bad_do = (np.array(x) for x in (q, k, v, do))
+    bad_k[0, 128:] = bad_v[0, 128:] = bad_k[2, 256:] = bad_v[2, 256:] = np.nan
+    bad_q[1, :128] = bad_do[1, :128] = np.nan
+    out, dq, dk, dv = (np.asarray(x, np.float64) for x in _run(
+        bad_q, bad_k, bad_v, bad_do, causal=True, kv_lengths=kv_lengths, block_sizes=BLOCKS_128,
+        interpret=True))
+    want_out = np_attention(q, k, v, causal=True, kv_lengths=kv_lengths)
+    want_dq, want_dk, want_dv = np_attention_grads(q, k, v, do, causal=True, kv_lengths=kv_lengths)
+    checks = [(out[0, :128], want_out[0, :128]), (dq[0, :128], want_dq[0, :128]),
+              (dk[1, 128:], want_dk[1, 128:]), (dv[1, 128:], want_dv[1, 128:]),
+              (out[2], want_out[2]), (dq[2], want_dq[2]), (dk[2], want_dk[2]), (dv[2], want_dv[2])]
+    for got, want in checks:
+        np.testing.assert_allclose(got, want, atol=5e-5, rtol=5e-5)
+    assert np.isnan(out[0, 200:]).all(), "the planted NaN must reach rows that do see it"
+
+
+def _grid_steps(grid):
+    return list(itertools.product(*(range(n) for n in grid)))
+
+
+def test_skipped_steps_issue_no_new_dma():
+    """A pipelined input is fetched when its block index changes between consecutive steps.
+
+    Forward/dQ grids: a skipped step repeats the previous step's K/V block index, so only
+    computing steps fetch K/V. dK/dV grid: every query-side fetch feeds a computing step, bar
+    one per (batch, kv head) whose key blocks all lie past its length.
+    """
+    plan = fa._Plan(q_len=500, kv_len=600, num_q_heads=4, num_kv_heads=2, causal=True, scale=1.0,
+                    blocks=BLOCKS_128, variant="mosaic", interpret=True)
+    lengths = np.asarray([600, 300, 0], np.int32)
+    bq = bk = 128
+    nq, nk = 4, 5
+
+    def count(grid, index_map, computes):
+        previous, fetches, computing = None, 0, 0
+        for step in itertools.product(*(range(n) for n in grid)):
+            block = tuple(int(i) for i in index_map(*step, lengths))
+            fetches += block != previous
+            computing += computes(*step)
+            previous = block
+        return fetches, computing
+
+    _, kv_map = fa._query_side_maps(plan, bq, bk)
+    fetches, computing = count(
+        (3, 4, nq, nk), kv_map,
+        lambda b, h, qi, ki: ki < int(fa._num_key_blocks(qi, lengths[b], bq, bk, plan)))
+    steps = 3 * 4 * nq * nk
+    assert computing < steps / 2  # causal + lengths skip more than half of this grid
+    assert fetches <= computing + 3 * 4  # + the first step of each (batch, head) with none
+
+    q_map, _ = fa._key_side_maps(plan, bq, bk, nq)
+    fetches, computing = count(
+        (3, 2, nk, 2, nq), q_map,
+        lambda b, h, ki, g, qi: ki < int(fa._num_key_blocks(qi, lengths[b], bq, bk, plan)))
+    assert 0 < fetches <= computing + 3 * 2
+
+
+def test_bad_arguments_raise_clear_errors():
+    q, k, v, _ = _inputs(1, 16, 16, 4, 2, 32)
+    with pytest.raises(ValueError, match="multiple of 8"):
+        FlashBlockSizes(block_q=100)
+    with pytest.raises(ValueError, match="variant"):
+        fa.flash_attention(q, k, v, variant="cuda")
+    with pytest.raises(ValueError, match="multiples of 128"):
+        fa.flash_attention(q, k, v, block_sizes=FlashBlockSizes(64, 64, 64, 64, 64, 64),
+                           interpret=False)
+    with pytest.raises(ValueError, match="num_q_heads"):
+        fa.flash_attention(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
+
+
+def test_block_size_defaults_per_platform():
+    tpu, gpu, cpu = (FlashBlockSizes.for_platform(p) for p in ("tpu", "gpu", "cpu"))
+    assert all(getattr(tpu, f) % 128 == 0 for f in tpu.__dataclass_fields__)
+    assert all(getattr(gpu, f) & (getattr(gpu, f) - 1) == 0 for f in gpu.__dataclass_fields__)
+    assert min(getattr(cpu, f) for f in cpu.__dataclass_fields__) >= 512
