@@ -5,5 +5,8 @@ Every public kernel follows the candidate contract in ``kernel_src.contract``.
 
 from kernel_src.contract import check_inputs, default_scale
 from kernel_src.reference import reference_attention, reference_masked_softmax
+from kernel_src.masked_softmax import SoftmaxBlockSizes, masked_softmax
+from kernel_src.attention import pallas_attention
 
-__all__ = ["check_inputs", "default_scale", "reference_attention", "reference_masked_softmax"]
+__all__ = ["check_inputs", "default_scale", "reference_attention", "reference_masked_softmax",
+           "SoftmaxBlockSizes", "masked_softmax", "pallas_attention"]
