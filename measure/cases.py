@@ -180,9 +180,7 @@ def _softmax_fn(name: str, causal: bool, interpret: bool | None, tpu_blocks: boo
     if name == "xla":
         return lambda logits, lengths: kernel_src.reference_masked_softmax(
             logits, causal=causal, kv_lengths=lengths)
-    extra = {}
-    if tpu_blocks and hasattr(kernel_src, "SoftmaxBlockSizes"):
-        extra["block_sizes"] = kernel_src.SoftmaxBlockSizes.for_platform("tpu")
+    extra = {"block_sizes": kernel_src.SoftmaxBlockSizes.for_platform("tpu")} if tpu_blocks else {}
     return lambda logits, lengths: kernel_src.masked_softmax(
         logits, causal=causal, kv_lengths=lengths, interpret=interpret, **extra)
 

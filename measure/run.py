@@ -19,6 +19,9 @@ from measure.cases import Profile, default_profile, get_profile
 
 INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say nothing about kernel "
                      "speed, only that the kernel runs.")
+PEAK_MEMORY_NOTE = ("peak_memory_bytes is the backend's high-water mark (memory_stats) of the devices a "
+                    "case used since the process started, read after the case: an upper bound, not "
+                    "that case's own peak.")
 RUNS_DIR = Path("runs")
 
 
@@ -114,6 +117,8 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
     measured, kernels = measured_candidates(prof, scopes)
     scorecards = grade(kernels, seed=seed, progress=progress)
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes
+    if any(c["peak_memory_bytes"] is not None for c in bench.cases):
+        notes.append(PEAK_MEMORY_NOTE)
     documents = {
         "environment": environment.capture(run_id=run_id, created=created, profile=prof.name,
                                            devices_used=bench.devices_used, interpret=bench.interpret,
