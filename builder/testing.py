@@ -1,0 +1,139 @@
+"""Synthetic, schema-valid run folders for tests. SYNTHETIC TEST DATA: never a measurement.
+
+Every number here is made up by a formula so the builder can be exercised without hardware; the
+runs say so in their profile (``synthetic-test``) and notes, and must never be built into the
+repository's data/.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any, Callable
+
+from measure import rawio
+
+SYNTHETIC = "SYNTHETIC TEST DATA: made up by builder.testing, not a measurement."
+
+
+def _case(scope: str, impl: str, seq: int, scale: float, samples: int, interpret: bool) -> dict[str, Any]:
+    times = [round(scale * seq / 16 * (1 + 0.01 * i), 6) for i in range(samples)]
+    ordered = sorted(times)
+    return {
+        "case_id": f"{scope}-{impl}-s{seq}", "scope": scope, "implementation": impl, "seq_len": seq,
+        "shape": {"batch": 1, "q_len": seq, "kv_len": seq, "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 8},
+        "dtype": "bfloat16", "causal": True, "padded": False, "devices_used": 1, "status": "ok", "error": None,
+        "interpret": interpret, "transfer_ms": 0.01, "lower_ms": 1.0, "compile_ms": 2.0, "samples_ms": times,
+        "median_ms": ordered[len(ordered) // 2], "min_ms": ordered[0], "max_ms": ordered[-1],
+        "q1_ms": ordered[0], "q3_ms": ordered[-1], "iqr_ms": round(ordered[-1] - ordered[0], 6),
+        "peak_memory_bytes": 1024, "flops": 4.0 * seq * seq, "bytes_moved": 64.0 * seq, "tflops": None,
+        "gbps": None, "peak_flops_fraction": None, "peak_bandwidth_fraction": None,
+        "stablehlo": None, "stablehlo_tpu": None,
+    }
+
+
+def documents(run_id: str = "synthetic-cpu", *, platform: str = "cpu", interpret: bool = True,
+              device_kind: str = "cpu", device_count: int = 1, env_vars: dict[str, str] | None = None,
+              samples: int = 3, power: bool = True) -> dict[str, Any]:
+    """The three documents of a synthetic run (see the module docstring)."""
+    common = {"format_version": 1, "run_id": run_id, "source": "measured"}
+    cases, pairs = [], []
+    for scope in ("softmax", "attention"):
+        for seq in (16, 32):
+            cases += [_case(scope, "xla", seq, 1.0, samples, interpret),
+                      _case(scope, "pallas", seq, 1.5, samples, interpret)]
+            pairs.append({"scope": scope, "seq_len": seq, "numerator": f"{scope}-pallas-s{seq}",
+                          "denominator": f"{scope}-xla-s{seq}", "ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6})
+    environment = {
+        **common, "created_utc": "2026-01-01T00:00:00Z", "profile": "synthetic-test", "platform": platform,
+        "device_kind": device_kind, "device_count": device_count, "devices_used": 1, "process_count": 1,
+        "interpret": interpret,
+        "versions": {"jax": "0.0.0-synthetic", "jaxlib": "0.0.0-synthetic", "libtpu": None, "gpu_plugin": None,
+                     "python": None, "numpy": None, "os": None},
+        "cpu_model": None, "git_commit": None, "kernel_src_sha256": None, "env_vars": env_vars or {},
+        "bootstrap": [{"jax": "0.0.0-synthetic", "jaxlib": None, "libtpu": None, "outcome": "used", "error": None}],
+        "notes": SYNTHETIC,
+    }
+    benchmark = {**common, "profile": "synthetic-test", "platform": platform, "interpret": interpret,
+                 "warmups": 1, "samples_per_case": samples, "cases": cases, "pairs": pairs}
+
+    def card(candidate: str, kind: str, passed: bool) -> dict[str, Any]:
+        checks = [{"name": name, "passed": passed or name != "causal-mask", "points": 1, "max_points": 1,
+                   "detail": SYNTHETIC, "error": 1e-3, "tolerance": 1e-2, "baseline_error": 5e-4}
+                  for name in ("causal-mask", "padding-mask", "all-masked-row")]
+        score = sum(c["passed"] for c in checks)
+        return {"candidate": candidate, "kind": kind, "passed": passed, "score": score, "max_score": 3,
+                "error": None, "checks": checks}
+
+    power_doc = {"seeds": 2, "shapes": 1, "policy": "synthetic",
+                 "candidates": [{"candidate": "ignores-causal", "kind": "known-bad", "trials": 4, "rejected": 4,
+                                 "rejected_by": {"causal-mask": 4}, "expected": "reject",
+                                 "intended_checks": ["causal-mask"], "rejected_by_intended": 4,
+                                 "seconds_per_trial": 0.5},
+                                {"candidate": "reference", "kind": "reference", "trials": 4, "rejected": 0,
+                                 "rejected_by": {}}]}
+    correctness = {**common, "seed": 0, "measured_candidate": "pallas",
+                   "scorecards": [card("reference", "reference", True), card("pallas", "kernel", True),
+                                  card("ignores-causal", "known-bad", False)],
+                   "power": power_doc if power else None}
+    return {"environment": environment, "benchmark": benchmark, "correctness": correctness}
+
+
+def write(out: Path, run_id: str = "synthetic-cpu", edit: Callable[[dict[str, Any]], None] | None = None,
+          **kwargs: Any) -> Path:
+    """Write a synthetic run folder ``out/run_id`` (``edit`` may change the documents first)."""
+    docs = documents(run_id, **kwargs)
+    if edit is not None:
+        edit(docs)
+    return rawio.write_run(Path(out) / run_id, docs)
+
+
+def tpu(out: Path, run_id: str = "synthetic-tpu", **kwargs: Any) -> Path:
+    """A synthetic run that claims a v5e-8 slice (for the device-count rules)."""
+    kwargs = {"platform": "tpu", "interpret": False, "device_kind": "TPU v5 lite", "device_count": 8,
+              "env_vars": {"TPU_ACCELERATOR_TYPE": "v5litepod-8"}, **kwargs}
+    return write(out, run_id, **kwargs)
+
+
+def rewrite(run_dir: Path, name: str, document: Any) -> None:
+    """Replace one document of a run (NaN allowed, unlike ``rawio``) and re-sign the manifest, as a
+    careless tool might: the checksums then pass and only the acceptance rules can object."""
+    resign(run_dir, f"{name}.json", (json.dumps(document, indent=2) + "\n").encode())
+
+
+def resign(run_dir: Path, rel: str, data: bytes) -> None:
+    """Write ``data`` to ``run_dir/rel`` and record its sha256 in the manifest."""
+    (run_dir / rel).write_bytes(data)
+    manifest = json.loads((run_dir / rawio.MANIFEST).read_text())
+    manifest["files"][rel] = hashlib.sha256(data).hexdigest()
+    (run_dir / rawio.MANIFEST).write_bytes(rawio.dumps(manifest))
+
+
+def tree_hash(*paths: Path) -> str:
+    """sha256 over every file (path and bytes) under ``paths``; to show that nothing changed."""
+    digest = hashlib.sha256()
+    for root in paths:
+        root = Path(root)
+        files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        for path in files:
+            if path.exists():
+                digest.update(str(path).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+REPO = Path(__file__).resolve().parent.parent
+PUBLISHED = "published-tpu-v5e-8"
+
+
+def workspace(dest: Path) -> Path:
+    """A scratch copy of what a release needs (card, script, kernel_src, NOTICE, licences; no data/),
+    plus ``runs/published-tpu-v5e-8`` copied from the repository's data/raw. Returns ``dest``."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("dataset_card.md", "tpu_kernel_records.py", "NOTICE", "LICENSE-data", "LICENSE-code"):
+        shutil.copyfile(REPO / name, dest / name)
+    shutil.copytree(REPO / "kernel_src", dest / "kernel_src", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(REPO / "data" / "raw" / PUBLISHED, dest / "runs" / PUBLISHED)
+    return dest
