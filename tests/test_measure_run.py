@@ -279,3 +279,12 @@ def test_flash_and_sharded_scopes_on_two_host_devices():
     assert scaling["devices"] == 2 and scaling["numerator"] == "sharded-flash-d2-s128"
     assert scaling["scaling_efficiency"] == pytest.approx(
         cases["sharded-flash-d1-s128"]["median_ms"] / (2 * cases["sharded-flash-d2-s128"]["median_ms"]))
+
+
+def test_power_seeds_fill_the_optional_power_summary(tmp_path, replay, monkeypatch):
+    from measure import power
+
+    calls = []
+    monkeypatch.setattr(power, "measure_power", lambda *, seeds, progress: calls.append(seeds) or {"seeds": seeds})
+    folder = run_module.run_measure(tmp_path / "p", profile="tiny", power_seeds=3, progress=False)
+    assert calls == [3] and rawio.read_run(folder)["correctness"]["power"] == {"seeds": 3}
