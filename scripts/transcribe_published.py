@@ -58,7 +58,7 @@ UNKNOWN = ("Not stated by the card, so null or empty here: every timing sample; 
            "confidence intervals; transfer, lowering and compile times; the benchmark shapes (batch, q_len, "
            "kv_len, heads, head_dim; the card gives only the sequence length) and whether the benchmark cases "
            "were causal or padded; roofline figures; the libtpu version of the bundled TPU runtime; Python, "
-           "NumPy and OS versions; the CPU; the measurement date (created_utc is 'unknown'); the scores of "
+           "NumPy and OS versions; the CPU; the measurement date (created_utc is null); the scores of "
            "the adversarial candidates. device_kind is 'TPU v5e' as the card prints it (JAX reports a v5e "
            "chip as 'TPU v5 lite'); process_count 1 follows from the card's single Kaggle worker.")
 
@@ -109,7 +109,7 @@ def documents(card: dict) -> dict:
         pairs.append({"scope": scope, "seq_len": seq, "numerator": f"{scope}-pallas-s{seq}",
                       "denominator": f"{scope}-xla-s{seq}", "ratio": ratio, "ci_low": None, "ci_high": None})
     environment = {
-        **common, "created_utc": "unknown", "profile": "published", "platform": "tpu",
+        **common, "created_utc": None, "profile": "published", "platform": "tpu",
         "device_kind": "TPU v5e", "device_count": card["devices"], "devices_used": 1, "process_count": 1,
         "interpret": False,
         "versions": {"jax": "0.6.2", "jaxlib": "0.6.2", "libtpu": None, "gpu_plugin": None,
