@@ -1,0 +1,180 @@
+"""How well the rubric tells right from wrong: false rejects of correct candidates, power on bad ones.
+
+``measure_power(seeds=200)`` grades every candidate on seeds ``first_seed .. first_seed + seeds - 1``
+(fresh inputs per seed on every trial, the shapes in ``measure.checks.SHAPES``) with the same checks and
+the same tolerance as a scorecard: each power trial *is* a full scorecard. Correct candidates (kind
+reference, kernel, correct-variant) should never be rejected; each known-bad one should be rejected on
+every seed, ideally by the check built for its bug.
+
+It also reports the evidence for the tolerance constants: for each candidate and each
+(forward | gradient, dtype) the largest error/tolerance ratio seen, the smallest ``k`` that would have
+passed every comparison with the policy's floor (``needed_k``), and the smallest floor in float32 ulps
+that would have with the policy's ``k`` (``needed_floor_eps``). For correct candidates these must stay
+below the policy; for a known-bad one a ``needed_k`` far above it means only a much looser grader would
+let it through.
+
+The result is the ``power`` field of ``correctness.json`` (see ``measure/schemas/correctness.schema.json``).
+Cost: after the first seed compiled its executables, a pure-JAX candidate takes about a second per seed on
+a 2-core CPU; interpret-mode Pallas kernels take longer, so they may run on fewer seeds
+(``kernel_seeds``); each entry's ``trials`` says how many seeds it got.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from typing import Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from measure import checks as C
+from measure.candidates import BUILTIN, Candidate, CandidateLoadError, resolve
+from measure.rubric import grade
+from measure.tolerance import POLICY, needed_floor, needed_k
+
+CORRECT_KINDS = ("reference", "kernel", "correct-variant")
+
+
+def default_candidates() -> list[str]:
+    """Every built-in: the correct ones (kernels only where they import) and every known-bad one."""
+    names = []
+    for name, cand in BUILTIN.items():
+        if cand.kind == "kernel":
+            try:
+                cand.load()
+            except CandidateLoadError:
+                continue
+        names.append(name)
+    return names
+
+
+def _group(v) -> str:
+    return f"{'gradient' if v.gradient else 'forward'}/{v.dtype}"
+
+
+def measure_power(*, seeds: int, candidates: Sequence[str | Candidate] | None = None, progress: bool = True,
+                  first_seed: int = 0, kernel_seeds: int | None = None, time_limit_s: float = 120.0) -> dict:
+    """Grade each candidate on ``seeds`` seeds (``kernel_seeds`` for kind "kernel", default the same).
+
+    Returns the JSON-able power summary (format in ``measure/schemas/correctness.schema.json``, ``power``).
+    """
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    cands = [resolve(c) for c in (candidates if candidates is not None else default_candidates())]
+    kernel_seeds = seeds if kernel_seeds is None else min(seeds, kernel_seeds)
+    stats = {c.name: {"trials": 0, "rejected": 0, "rejected_by": Counter(), "by_intended": 0,
+                      "seconds": 0.0, "errors": Counter(), "ratio": defaultdict(float), "k": defaultdict(float),
+                      "floor": defaultdict(float), "k_to_pass": []} for c in cands}
+    total = sum(kernel_seeds if c.kind == "kernel" else seeds for c in cands)
+    bar = tqdm(total=total, desc="power", unit="grade", disable=not progress)
+    for seed in range(first_seed, first_seed + seeds):
+        for cand in cands:
+            if cand.kind == "kernel" and seed >= first_seed + kernel_seeds:
+                continue
+            bar.set_postfix_str(f"seed {seed} {cand.name}")
+            start = time.perf_counter()
+            card = grade(cand, seed=seed, time_limit_s=time_limit_s)
+            s = stats[cand.name]
+            s["seconds"] += time.perf_counter() - start
+            s["trials"] += 1
+            if card.error:
+                s["errors"][card.error] += 1
+            if not card.passed:
+                s["rejected"] += 1
+                s["rejected_by"].update(card.failed)
+                if set(card.failed) & set(cand.catches):
+                    s["by_intended"] += 1
+            worst_k = 0.0
+            for verdicts in card.verdicts.values():
+                for v in verdicts:
+                    g = _group(v)
+                    s["ratio"][g] = max(s["ratio"][g], v.ratio)
+                    k, f = needed_k(v), needed_floor(v)
+                    s["k"][g], s["floor"][g] = max(s["k"][g], k), max(s["floor"][g], f)
+                    worst_k = max(worst_k, k)
+            s["k_to_pass"].append(worst_k)
+            bar.update(1)
+    bar.close()
+    return _summary(cands, stats, seeds, first_seed)
+
+
+def _num(x: float) -> float | None:
+    return float(f"{x:.4g}") if np.isfinite(x) else None
+
+
+def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int) -> dict:
+    entries = []
+    for cand in cands:
+        s = stats[cand.name]
+        expected_pass = cand.kind in CORRECT_KINDS
+        entry = {
+            "candidate": cand.name, "kind": cand.kind, "trials": s["trials"], "rejected": s["rejected"],
+            "rejected_by": dict(sorted(s["rejected_by"].items())),
+            "expected": "pass" if expected_pass else "reject" if cand.kind == "known-bad" else "unknown",
+            "intended_checks": list(cand.catches),
+            "rejected_by_intended": s["by_intended"] if cand.catches else None,
+            "seconds_per_trial": _num(s["seconds"] / max(1, s["trials"])),
+            "load_error": next(iter(s["errors"]), None),
+            "calibration": {g: {"max_ratio": _num(s["ratio"][g]), "needed_k": _num(s["k"][g]),
+                                "needed_floor_eps": _num(s["floor"][g])} for g in sorted(s["ratio"])},
+            # Smallest k (policy floor) that would have let every tolerance comparison of some seed pass.
+            "min_k_to_pass_tolerances": _num(min(s["k_to_pass"])) if s["k_to_pass"] else None,
+        }
+        entries.append(entry)
+    correct = [e for e in entries if e["expected"] == "pass"]
+    bad = [e for e in entries if e["expected"] == "reject"]
+    return {
+        "seeds": seeds,
+        "first_seed": first_seed,
+        "shapes": [{"name": n, **d._asdict()} for n, d in C.SHAPES.items()],
+        "dtypes": ["float32", "bfloat16"],
+        "checks": [spec.name for spec in (*C.CHECKS, C.FINITE)],
+        "policy": POLICY.to_dict(),
+        "candidates": entries,
+        "false_rejects": sum(e["rejected"] for e in correct),
+        "correct_trials": sum(e["trials"] for e in correct),
+        "missed_bad": sum(e["trials"] - e["rejected"] for e in bad),
+        "bad_trials": sum(e["trials"] for e in bad),
+    }
+
+
+def power_markdown(power: dict) -> str:
+    """A Markdown report of a ``measure_power`` result (for the card)."""
+    pol = power["policy"]
+    lines = [
+        f"Grader power over {power['seeds']} seeds (seeds {power['first_seed']}..{power['first_seed'] + power['seeds'] - 1}), "
+        f"fresh inputs on every trial, shapes "
+        + ", ".join(f"{s['name']}=(b{s['batch']}, q{s['q_len']}, kv{s['kv_len']}, h{s['num_q_heads']}/"
+                    f"{s['num_kv_heads']}, d{s['head_dim']})" for s in power["shapes"]) + ", float32 and bfloat16.",
+        "",
+        f"Tolerance: error <= k x reference error + floor, k = {pol['k']['forward']:g} (forward), "
+        f"{pol['k']['gradient']:g} (gradients), floor = {pol['floor']['float32_eps_multiple']:g} float32 ulps "
+        f"({pol['floor']['value']:.3g}); norm-wise and worst-element error against a float64 oracle.",
+        "",
+        f"False rejects of correct candidates: {power['false_rejects']} of {power['correct_trials']} trials. "
+        f"Known-bad candidates not rejected: {power['missed_bad']} of {power['bad_trials']} trials.",
+        "",
+        "| Candidate | Kind | Trials | Rejected | Rejected by (trials) | Needed k (fwd / grad) |",
+        "|---|---|---|---|---|---|",
+    ]
+    for e in power["candidates"]:
+        by = ", ".join(f"{k} ({v})" for k, v in sorted(e["rejected_by"].items(), key=lambda kv: -kv[1])) or "-"
+        cal = e["calibration"]
+        fwd = max((c["needed_k"] for g, c in cal.items() if g.startswith("forward") and c["needed_k"] is not None),
+                  default=None)
+        grad = max((c["needed_k"] for g, c in cal.items() if g.startswith("gradient") and c["needed_k"] is not None),
+                   default=None)
+        if any(c["needed_k"] is None for c in cal.values()):
+            fwd = fwd if fwd is not None else "inf"
+        ks = f"{_fmt(fwd)} / {_fmt(grad)}"
+        lines.append(f"| {e['candidate']} | {e['kind']} | {e['trials']} | {e['rejected']} | {by} | {ks} |")
+    lines += ["", "Needed k: the smallest k that would have passed every comparison of that candidate with the "
+              "policy's floor (for correct candidates it must stay below the policy's k)."]
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(x) -> str:
+    if x is None:
+        return "-"
+    return x if isinstance(x, str) else f"{x:.3g}"

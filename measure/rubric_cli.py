@@ -1,0 +1,149 @@
+"""``tpu-kernel-rubric``: grade attention candidates, list the built-ins, or measure the grader's power.
+
+Exit status: 0 when every named candidate passed every check (``--power``: no correct candidate
+rejected and every known-bad one rejected on every seed), 1 when one did not, 2 for a usage error or a
+candidate that could not be loaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Sequence
+
+from measure.candidates import BUILTIN, CandidateSpecError, resolve
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tpu-kernel-rubric",
+        description="Grade attention candidates against the contract (kernel_src.contract) with the "
+                    "correctness rubric, or sweep seeds to measure how often it rejects correct and "
+                    "known-bad candidates.",
+        epilog="Examples: tpu-kernel-rubric --candidate reference; tpu-kernel-rubric --candidate "
+               "ignores-causal; tpu-kernel-rubric --candidate my_kernel.py:attention --json out.json; "
+               "tpu-kernel-rubric --power --seeds 200 --markdown power.md")
+    p.add_argument("--candidate", action="append", default=[], metavar="NAME_OR_PATH",
+                   help="a built-in name (see --list), path/to/file.py:function or package.module:function; "
+                        "repeat for several")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fresh inputs (default 0)")
+    p.add_argument("--time-limit", type=float, default=120.0, metavar="SECONDS",
+                   help="time budget of each candidate, all calls together (default 120)")
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help='write {"scorecards": [...]} (with --power: {"power": {...}}) atomically')
+    p.add_argument("--list", action="store_true", help="list the built-in candidates and exit")
+    p.add_argument("--power", action="store_true",
+                   help="sweep --seeds seeds over the built-ins (or the --candidate ones) and report false "
+                        "rejects and power")
+    p.add_argument("--seeds", type=int, metavar="N", help="number of seeds for --power")
+    p.add_argument("--first-seed", type=int, default=0, metavar="N", help="first seed for --power (default 0)")
+    p.add_argument("--kernel-seeds", type=int, metavar="N",
+                   help="seeds for kind=kernel candidates in --power (default: --seeds)")
+    p.add_argument("--markdown", type=Path, metavar="PATH", help="with --power: write the Markdown report")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def format_scorecard(card) -> str:
+    """A readable scorecard: a header line, then one line per check (check, PASS/FAIL, points, detail)."""
+    status = "PASSED" if card.passed else "FAILED"
+    lines = [f"{card.candidate} [{card.kind}] {status} {card.score:g}/{card.max_score:g}"]
+    if card.error:
+        lines.append(f"  could not be graded: {card.error}")
+    width = max((len(c.name) for c in card.checks), default=0)
+    for c in card.checks:
+        head = f"  {'PASS' if c.passed else 'FAIL'}  {c.name:<{width}}  {c.points:>4g}/{c.max_points:<4g} "
+        body = textwrap.wrap(c.detail, 110) or [""]
+        lines.append(head + body[0])
+        lines += [" " * len(head) + rest for rest in body[1:]]
+    return "\n".join(lines)
+
+
+def _list() -> int:
+    width = max(len(n) for n in BUILTIN)
+    for name, cand in BUILTIN.items():
+        print(f"{name:<{width}}  {cand.kind:<15}  {cand.summary}")
+    return EXIT_OK
+
+
+def _power(args) -> int:
+    from measure.power import measure_power, power_markdown
+
+    if not args.seeds or args.seeds < 1:
+        print("tpu-kernel-rubric: --power needs --seeds N (N >= 1)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        cands = [resolve(c) for c in args.candidate] or None
+    except CandidateSpecError as e:
+        print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    power = measure_power(seeds=args.seeds, candidates=cands, progress=not args.quiet,
+                          first_seed=args.first_seed, kernel_seeds=args.kernel_seeds,
+                          time_limit_s=args.time_limit)
+    report = power_markdown(power)
+    print(report, end="")
+    if args.json:
+        write_atomic(args.json, json.dumps({"power": power}, indent=2, allow_nan=False) + "\n")
+    if args.markdown:
+        write_atomic(args.markdown, report)
+    if any(e["load_error"] for e in power["candidates"]):
+        return EXIT_USAGE
+    return EXIT_OK if power["false_rejects"] == 0 and power["missed_bad"] == 0 else EXIT_FAILED
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``tpu-kernel-rubric``; returns the exit status."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2)
+        return int(e.code or 0)
+    if args.list:
+        return _list()
+    if args.power:
+        return _power(args)
+    if not args.candidate:
+        print("tpu-kernel-rubric: name at least one --candidate (or use --list / --power)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        cands = [resolve(c) for c in args.candidate]
+    except CandidateSpecError as e:
+        print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from measure.rubric import grade_all
+
+    cards = grade_all(cands, seed=args.seed, progress=not args.quiet, time_limit_s=args.time_limit)
+    for card in cards:
+        print(format_scorecard(card))
+        print()
+    if args.json:
+        doc = {"scorecards": [c.to_dict() for c in cards], "seed": args.seed}
+        write_atomic(args.json, json.dumps(doc, indent=2, allow_nan=False) + "\n")
+    if any(c.error for c in cards):
+        return EXIT_USAGE
+    return EXIT_OK if all(c.passed for c in cards) else EXIT_FAILED
+
+
+if __name__ == "__main__":
+    sys.exit(main())

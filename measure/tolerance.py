@@ -1,0 +1,166 @@
+"""The tolerance policy: when is a candidate's numerical error acceptable?
+
+Ground truth is the float64 oracle (``measure.oracle``). Every tensor a candidate returns (the output,
+and dQ, dK, dV under a random cotangent) gets two errors against it:
+
+* norm-wise relative error  ``||c - o||_2 / ||m||_2``;
+* worst-element error       ``max_i |c_i - o_i| / max_i m_i`` (with the first index where it occurs);
+
+where ``m`` is the float64 magnitude of the terms the result sums (``measure.oracle.Truth.magnitude``:
+``P |V|`` for the output, and likewise on absolute values for dQ, dK, dV). ``m`` is ``|o|`` where nothing
+cancels; unlike ``|o|`` it does not vanish where the exact result cancels to zero (dQ of a row that
+sees one key is exactly zero, and any reordering leaves rounding-sized values there).
+
+Neither error is judged against a fixed number. The *baseline* is the error that the contract-precision
+reference (``kernel_src.reference_attention``: fp32 logits, statistics and accumulation, output in the
+input dtype) makes on the very same inputs, and the candidate passes when, for both errors,
+
+    error <= k * baseline_error + floor,      floor = FLOOR_EPS * eps(float32)
+
+with ``k = K_FORWARD`` for the output and ``k = K_GRADIENT`` for the gradients. The floor is tied to
+the epsilon of float32 (2**-23), the precision the contract fixes for logits, statistics and
+accumulation, whatever the input dtype: the rounding of a bfloat16 output is already in the
+reference's error, so a bfloat16 floor would only loosen the bound, while in float32 the reference's
+own error (a fraction of an ulp) is too small to bound a correct kernel that accumulates in another
+order. A NaN or Inf anywhere never passes, whatever the
+bound; exact zeros the contract demands are checked exactly elsewhere (``measure.checks``).
+
+The constants were chosen by measurement with ``tpu-kernel-rubric --power`` (see ``measure.power``):
+over the seeds and shapes of the sweep, the correct candidates (the reference, the Pallas kernel and two
+correct-but-different variants: probabilities rounded to the input dtype before P·V, and an online
+softmax over key chunks) needed at most ``needed_k`` printed in the power report, while every
+known-bad candidate that only a tolerance can catch needed orders of magnitude more. ``k`` sits with
+margin above the first and far below the second; the floor is a small fraction of an ulp so that it
+never decides a bfloat16 comparison but absorbs float32 reorderings where the reference is near exact.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+K_FORWARD = 4.0
+K_GRADIENT = 6.0
+FLOOR_EPS = 1.0
+
+EPS = {"float32": 2.0 ** -23, "bfloat16": 2.0 ** -7}
+
+
+@dataclass(frozen=True)
+class Policy:
+    """``error <= k * baseline + floor_eps * eps(dtype)``; ``k`` is ``k_forward`` or ``k_gradient``."""
+
+    k_forward: float = K_FORWARD
+    k_gradient: float = K_GRADIENT
+    floor_eps: float = FLOOR_EPS
+
+    def floor(self, dtype: str = "float32") -> float:
+        """The floor added to every bound: ``floor_eps`` float32 ulps (the same for every input dtype)."""
+        return self.floor_eps * EPS["float32"]
+
+    def k(self, gradient: bool) -> float:
+        return self.k_gradient if gradient else self.k_forward
+
+    def to_dict(self) -> dict:
+        return {"k": {"forward": self.k_forward, "gradient": self.k_gradient},
+                "floor": {"float32_eps_multiple": self.floor_eps, "value": self.floor()},
+                "rule": "error <= k * reference_error + floor, for norm-wise and worst-element error"}
+
+
+POLICY = Policy()
+
+
+@dataclass(frozen=True)
+class Error:
+    """Norm-wise and worst-element relative error of one tensor; ``index`` is where the worst one is."""
+
+    norm: float
+    worst: float
+    index: tuple[int, ...]
+
+
+def error(candidate: np.ndarray, truth: np.ndarray, magnitude: np.ndarray | None = None) -> Error:
+    """Errors of ``candidate`` against the float64 ``truth`` (same shape), relative to ``magnitude``
+    (default ``|truth|``). Non-finite values give inf."""
+    c = np.asarray(candidate).astype(np.float64)
+    diff = np.abs(c - truth)
+    diff = np.where(np.isfinite(c), diff, np.inf)
+    magnitude = np.abs(truth) if magnitude is None else magnitude
+    scale_norm = float(np.linalg.norm(magnitude))
+    scale_max = float(magnitude.max()) if magnitude.size else 0.0
+    tiny = float(np.finfo(np.float64).tiny)
+    flat = int(np.argmax(diff)) if diff.size else 0
+    index = tuple(int(i) for i in np.unravel_index(flat, diff.shape)) if diff.size else ()
+    worst = float(diff.max()) if diff.size else 0.0
+    norm = float(np.sqrt(np.sum(np.square(np.where(np.isfinite(diff), diff, 0.0))))) if diff.size else 0.0
+    if not np.all(np.isfinite(diff)):
+        norm = float("inf")
+    return Error(norm / max(scale_norm, tiny), worst / max(scale_max, tiny), index)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One tensor judged: the candidate's and the reference's errors, the bounds, and the outcome."""
+
+    label: str
+    candidate: Error
+    baseline: Error
+    tol_norm: float
+    tol_worst: float
+    dtype: str = "float32"
+    gradient: bool = False
+
+    @property
+    def ok(self) -> bool:
+        # Written so that NaN fails.
+        return bool(self.candidate.norm <= self.tol_norm and self.candidate.worst <= self.tol_worst)
+
+    @property
+    def ratio(self) -> float:
+        """How close to failing: max(error / tolerance) over the two errors (> 1 fails)."""
+        r = max(self.candidate.norm / self.tol_norm, self.candidate.worst / self.tol_worst)
+        return float("inf") if np.isnan(r) else float(r)
+
+    @property
+    def binding(self) -> tuple[str, float, float, float]:
+        """(metric, error, tolerance, baseline) of the metric nearest to failing."""
+        if self.candidate.norm / self.tol_norm >= self.candidate.worst / self.tol_worst:
+            return "norm-wise", self.candidate.norm, self.tol_norm, self.baseline.norm
+        return "worst-element", self.candidate.worst, self.tol_worst, self.baseline.worst
+
+    def describe(self) -> str:
+        metric, err, tol, base = self.binding
+        where = f" at {self.candidate.index}" if metric == "worst-element" else ""
+        return f"{self.label}: {metric} error {err:.3g} {'<=' if self.ok else '>'} tol {tol:.3g} " \
+               f"(reference {base:.3g}){where}"
+
+
+def judge(label: str, candidate: np.ndarray, truth: np.ndarray, baseline: np.ndarray, dtype: str,
+          *, gradient: bool, magnitude: np.ndarray | None = None, policy: Policy = POLICY) -> Verdict:
+    """Judge ``candidate`` against ``truth`` with the bound set by ``baseline`` (the reference's result);
+    both errors are relative to ``magnitude`` (default ``|truth|``)."""
+    cand, base = error(candidate, truth, magnitude), error(baseline, truth, magnitude)
+    k, floor = policy.k(gradient), policy.floor(dtype)
+    return Verdict(label, cand, base, k * base.norm + floor, k * base.worst + floor, dtype, gradient)
+
+
+def needed_floor(verdict: Verdict, policy: Policy = POLICY) -> float:
+    """The smallest floor, in float32 ulps, at which this verdict would pass with the policy's ``k``."""
+    k = policy.k(verdict.gradient)
+    excess = max(verdict.candidate.norm - k * verdict.baseline.norm,
+                 verdict.candidate.worst - k * verdict.baseline.worst)
+    return float("inf") if np.isnan(excess) else max(0.0, excess) / EPS["float32"]
+
+
+def needed_k(verdict: Verdict, policy: Policy = POLICY) -> float:
+    """The smallest ``k`` at which this verdict would pass with the policy's floor (0 if the floor suffices)."""
+    floor = policy.floor(verdict.dtype)
+    ks = []
+    for err, base in ((verdict.candidate.norm, verdict.baseline.norm),
+                      (verdict.candidate.worst, verdict.baseline.worst)):
+        if not np.isfinite(err):
+            return float("inf")
+        excess = err - floor
+        ks.append(0.0 if excess <= 0 else (excess / base if base > 0 else float("inf")))
+    return max(ks)
