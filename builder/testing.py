@@ -67,7 +67,11 @@ def documents(run_id: str = "synthetic-cpu", *, platform: str = "cpu", interpret
         return {"candidate": candidate, "kind": kind, "passed": passed, "score": score, "max_score": 3,
                 "error": None, "checks": checks}
 
-    power_doc = {"seeds": 2, "shapes": 1, "policy": "synthetic",
+    power_doc = {"seeds": 2, "first_seed": 0,
+                 "shapes": [{"name": "A", "batch": 1, "q_len": 8, "kv_len": 8, "num_q_heads": 4,
+                             "num_kv_heads": 2, "head_dim": 8}],
+                 "policy": {"k": {"forward": 2.0, "gradient": 3.0}, "floor": {"value": 1e-6},
+                            "rule": SYNTHETIC},
                  "candidates": [{"candidate": "ignores-causal", "kind": "known-bad", "trials": 4, "rejected": 4,
                                  "rejected_by": {"causal-mask": 4}, "expected": "reject",
                                  "intended_checks": ["causal-mask"], "rejected_by_intended": 4,

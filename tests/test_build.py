@@ -77,7 +77,10 @@ def test_interpret_run_is_flagged_in_every_row(built):
     assert (power[0]["expected"], power[0]["intended_checks"], power[0]["rejected_by_intended"]) == (
         "reject", ["causal-mask"], 4)
     assert json.loads(power[0]["power_detail"]) == {"seconds_per_trial": 0.5} and power[1]["power_detail"] is None
-    assert json.loads(power[0]["power_settings"]) == {"policy": "synthetic", "seeds": 2, "shapes": 1}
+    settings = json.loads(power[0]["power_settings"])
+    assert (settings["seeds"], settings["shapes"][0]["name"], settings["policy"]["k"]) == (
+        2, "A", {"forward": 2.0, "gradient": 3.0})
+    assert "candidates" not in settings
     card = (built / "dataset_card.md").read_text()
     assert "| `synthetic-cpu` | ignores-causal | known-bad | reject | 4 | 4 | 100% | causal-mask: 4 |" in card
     assert "`published-tpu-v5e-8` | published-summary | tpu | TPU v5e | 8 / 1" in card
