@@ -133,23 +133,23 @@ def _variant(default_scale: Callable[[int], float] = lambda d: d ** -0.5, **swit
 
 
 def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16):
-    """Flash-style: running max, sum and fp32 accumulator over key chunks of ``chunk``."""
+    """Flash-style: running max, sum and fp32 accumulator over key chunks of ``chunk`` (a ``lax.scan``)."""
     b, lq, hq, d = q.shape
     lk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if scale is None else scale
-    k, v = jnp.repeat(k, hq // hk, axis=2), jnp.repeat(v, hq // hk, axis=2)
+    pad = -lk % chunk
+    k = jnp.pad(jnp.repeat(k, hq // hk, axis=2), ((0, 0), (0, pad), (0, 0), (0, 0)))
+    v = jnp.pad(jnp.repeat(v, hq // hk, axis=2), ((0, 0), (0, pad), (0, 0), (0, 0)))
+    lengths = jnp.full((b,), lk) if kv_lengths is None else kv_lengths
     i = jnp.arange(lq)[:, None]
-    m = jnp.full((b, hq, lq, 1), -jnp.inf, jnp.float32)
-    l = jnp.zeros((b, hq, lq, 1), jnp.float32)
-    acc = jnp.zeros((b, hq, lq, d), jnp.float32)
-    for start in range(0, lk, chunk):
-        kc, vc = k[:, start:start + chunk], v[:, start:start + chunk]
-        j = start + jnp.arange(kc.shape[1])[None, :]
-        vis = jnp.ones((1, 1, lq, kc.shape[1]), bool)
-        if causal:
-            vis = vis & (j <= i + (lk - lq))
-        if kv_lengths is not None:
-            vis = vis & (j[None, None] < kv_lengths[:, None, None, None])
+
+    def step(carry, start):
+        m, l, acc = carry
+        kc = jax.lax.dynamic_slice_in_dim(k, start, chunk, axis=1)
+        vc = jax.lax.dynamic_slice_in_dim(v, start, chunk, axis=1)
+        j = start + jnp.arange(chunk)[None, :]
+        vis = (j < lk) & ((j <= i + (lk - lq)) | (not causal))
+        vis = vis[None, None] & (j[None, None] < lengths[:, None, None, None])
         s = jnp.einsum("bqhd,bkhd->bhqk", q, kc, precision=jax.lax.Precision.HIGHEST,
                        preferred_element_type=jnp.float32) * scale
         s = jnp.where(vis, s, -jnp.inf)
@@ -161,7 +161,11 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16):
         l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
         acc = alpha * acc + jnp.einsum("bhqk,bkhd->bhqd", p, vc.astype(jnp.float32),
                                        precision=jax.lax.Precision.HIGHEST)
-        m = m_new
+        return (m_new, l, acc), None
+
+    init = (jnp.full((b, hq, lq, 1), -jnp.inf, jnp.float32), jnp.zeros((b, hq, lq, 1), jnp.float32),
+            jnp.zeros((b, hq, lq, d), jnp.float32))
+    (_, l, acc), _ = jax.lax.scan(step, init, jnp.arange(0, lk + pad, chunk))
     out = acc / jnp.where(l > 0, l, 1.0)
     return jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
 
@@ -249,6 +253,7 @@ def _kernel(module: str, *names: str) -> Callable[[], Attention]:
     The kernel is graded under ``jax.jit`` (static ``causal``/``scale``), as it runs in a model; without
     it an interpret-mode ``pallas_call`` is traced and compiled again on every call.
     """
+    @functools.cache  # one jitted wrapper per process, so later grades reuse its executables
     def load() -> Attention:
         fn = _find()
         jitted = jax.jit(fn, static_argnames=("causal", "scale"))

@@ -155,26 +155,26 @@ def power_markdown(power: dict) -> str:
         f"False rejects of correct candidates: {power['false_rejects']} of {power['correct_trials']} trials. "
         f"Known-bad candidates not rejected: {power['missed_bad']} of {power['bad_trials']} trials.",
         "",
-        "| Candidate | Kind | Trials | Rejected | Rejected by (trials) | Needed k (fwd / grad) |",
-        "|---|---|---|---|---|---|",
+        "| Candidate | Kind | Trials | Rejected | Rejected by (trials) | Needed k, fwd / grad | Easiest k |",
+        "|---|---|---|---|---|---|---|",
     ]
     for e in power["candidates"]:
         by = ", ".join(f"{k} ({v})" for k, v in sorted(e["rejected_by"].items(), key=lambda kv: -kv[1])) or "-"
-        cal = e["calibration"]
-        fwd = max((c["needed_k"] for g, c in cal.items() if g.startswith("forward") and c["needed_k"] is not None),
-                  default=None)
-        grad = max((c["needed_k"] for g, c in cal.items() if g.startswith("gradient") and c["needed_k"] is not None),
-                   default=None)
-        if any(c["needed_k"] is None for c in cal.values()):
-            fwd = fwd if fwd is not None else "inf"
-        ks = f"{_fmt(fwd)} / {_fmt(grad)}"
-        lines.append(f"| {e['candidate']} | {e['kind']} | {e['trials']} | {e['rejected']} | {by} | {ks} |")
-    lines += ["", "Needed k: the smallest k that would have passed every comparison of that candidate with the "
-              "policy's floor (for correct candidates it must stay below the policy's k)."]
+        ks = f"{_max_k(e['calibration'], 'forward')} / {_max_k(e['calibration'], 'gradient')}"
+        easiest = e["min_k_to_pass_tolerances"]
+        easiest = "inf" if easiest is None else f"{easiest:.3g}"
+        lines.append(f"| {e['candidate']} | {e['kind']} | {e['trials']} | {e['rejected']} | {by} | {ks} | "
+                     f"{easiest} |")
+    lines += ["", "Needed k: the smallest k (with the policy's floor) that passes every forward / gradient "
+              "comparison of every trial; for correct candidates it must stay below the policy's k. Easiest k: "
+              "the smallest k at which all tolerance comparisons of the candidate's easiest trial pass; for a "
+              "known-bad candidate far above the policy's k it means no looser-but-sane tolerance lets it "
+              "through (near 1: only exact checks catch it)."]
     return "\n".join(lines) + "\n"
 
 
-def _fmt(x) -> str:
-    if x is None:
+def _max_k(calibration: dict, prefix: str) -> str:
+    values = [c["needed_k"] for group, c in calibration.items() if group.startswith(prefix)]
+    if not values:
         return "-"
-    return x if isinstance(x, str) else f"{x:.3g}"
+    return "inf" if any(v is None for v in values) else f"{max(values):.3g}"

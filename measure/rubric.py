@@ -93,6 +93,8 @@ def grade(candidate: str | Candidate, *, seed: int = 0, time_limit_s: float = 12
             outcome = spec.run(ctx)
         except C.CandidateFailure as e:
             outcome = C.Outcome(False, str(e))
+        except Exception as e:  # e.g. an output the check cannot even compare; never a traceback
+            outcome = C.Outcome(False, f"could not evaluate the candidate's results: {type(e).__name__}: {e}")
         verdicts[spec.name] = outcome.verdicts
         results.append(CheckResult(spec.name, outcome.passed, float(spec.points) if outcome.passed else 0.0,
                                    float(spec.points), outcome.detail, outcome.error, outcome.tolerance,

@@ -59,6 +59,7 @@ def write_atomic(path: Path, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as f:
             f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; the result is an ordinary readable file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
