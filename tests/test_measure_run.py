@@ -285,6 +285,9 @@ def test_power_seeds_fill_the_optional_power_summary(tmp_path, replay, monkeypat
     from measure import power
 
     calls = []
-    monkeypatch.setattr(power, "measure_power", lambda *, seeds, progress: calls.append(seeds) or {"seeds": seeds})
+    summary = {"seeds": 3, "shapes": [], "policy": {"k": {"forward": 5.0, "gradient": 6.0}, "floor": {"value": 1e-7}},
+               "candidates": [{"candidate": "zeros", "kind": "known-bad", "trials": 3, "rejected": 3,
+                               "rejected_by": {"forward-accuracy": 3}}]}
+    monkeypatch.setattr(power, "measure_power", lambda *, seeds, progress: calls.append(seeds) or summary)
     folder = run_module.run_measure(tmp_path / "p", profile="tiny", power_seeds=3, progress=False)
-    assert calls == [3] and rawio.read_run(folder)["correctness"]["power"] == {"seeds": 3}
+    assert calls == [3] and rawio.read_run(folder)["correctness"]["power"] == summary
