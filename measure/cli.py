@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
+from builder import commands
 from measure.cases import PROFILES, SCOPES
 
 
@@ -61,12 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
                     "and publish the dataset release.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_measure_parser(subparsers)
-    try:
-        from builder import commands
-    except ImportError as error:  # the release tools' dependencies are missing; measuring still works
-        print(f"tpu-kernel-records: release commands unavailable ({error})", file=sys.stderr)
-    else:
-        commands.register(subparsers)
+    commands.register(subparsers)
     return parser
 
 
