@@ -17,7 +17,7 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from measure import rawio
+from records import rawio
 from tpu_kernel_records import CHECKSUMS, CONFIG_NAMES
 
 from . import card

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from measure import rawio
+from records import rawio
 from tpu_kernel_records import CHECKSUMS, CONFIG_NAMES, FEATURES
 
 from . import card

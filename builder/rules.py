@@ -22,7 +22,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from measure.rawio import RunError
+from records.rawio import RunError
 
 # Devices a single-host TPU slice shows to JAX, by TPU_ACCELERATOR_TYPE (v4/v5p count two
 # TensorCores per chip in the name; JAX shows one device per chip).

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from measure import rawio
+from records import rawio
 from tpu_kernel_records import CHECKSUMS, CONFIG_NAMES, FEATURES
 
 from . import card

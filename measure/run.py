@@ -1,7 +1,7 @@
 """The main job: one measurement run (environment + correctness + benchmark) into a run folder.
 
 ``run_measure`` measures, grades, captures the environment, checks that no secret value made it into
-any file, and only then writes the folder atomically through ``measure.rawio.write_run``: an
+any file, and only then writes the folder atomically through ``records.rawio.write_run``: an
 interrupted or failed run leaves nothing behind.
 """
 
@@ -13,9 +13,10 @@ from typing import Any, Sequence
 
 import jax
 
-from measure import environment, rawio
-from measure.benchmark import BenchmarkResult, run_benchmark
-from measure.cases import Profile, default_profile, get_profile
+from measure import environment
+from records import rawio
+from bench.benchmark import BenchmarkResult, run_benchmark
+from bench.cases import Profile, default_profile, get_profile
 
 INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say nothing about kernel "
                      "speed, only that the kernel runs.")
@@ -63,7 +64,7 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
     run is still written and honestly rejected by the builder.
     """
     try:
-        from measure import candidates, rubric
+        from grading import candidates, rubric
 
         if known_bad is None:
             known_bad = [name for name, c in candidates.BUILTIN.items() if c.kind == "known-bad"]
@@ -76,7 +77,7 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
 def _power(power_seeds: int, progress: bool) -> dict[str, Any] | None:
     if power_seeds <= 0:
         return None
-    from measure import power
+    from grading import power
 
     return power.measure_power(seeds=power_seeds, progress=progress)
 

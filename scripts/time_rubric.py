@@ -21,7 +21,7 @@ import sys
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from measure import rubric
+from grading import rubric
 t_import = time.perf_counter() - t0
 name, warm = sys.argv[1], int(sys.argv[2])
 t = time.perf_counter(); card = rubric.grade(name, seed=0); first = time.perf_counter() - t

@@ -13,11 +13,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from builder import commands, testing
+import release_fixtures as testing
+from cli import main as commands
 from builder.build import BuildError, build
-from builder.testing import PUBLISHED, REPO, tree_hash
+from release_fixtures import PUBLISHED, REPO, tree_hash
 from builder.verify import verify
-from measure import rawio
+from records import rawio
 from tpu_kernel_records import CONFIG_NAMES, FEATURES
 
 

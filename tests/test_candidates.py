@@ -1,11 +1,11 @@
-"""measure.candidates: the built-in roster, spec resolution and loading of external candidates."""
+"""grading.candidates: the built-in roster, spec resolution and loading of external candidates."""
 
 import sys
 
 import pytest
 
-from measure import checks
-from measure.candidates import (BUILTIN, KINDS, Candidate, CandidateLoadError, CandidateSpecError,
+from grading import checks
+from grading.candidates import (BUILTIN, KINDS, Candidate, CandidateLoadError, CandidateSpecError,
                                 resolve)
 
 CHECK_NAMES = {spec.name for spec in checks.CHECKS} | {checks.FINITE.name}
@@ -42,7 +42,7 @@ def test_bad_specs_raise_a_clear_error(spec):
 
 
 EXTERNAL = """
-from measure.candidates import reference
+from grading.candidates import reference
 
 def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
@@ -91,7 +91,7 @@ def test_missing_module_is_a_load_error():
 
 
 def test_kernel_loader_reports_a_missing_kernel():
-    from measure.candidates import _kernel
+    from grading.candidates import _kernel
 
     cand = Candidate("ghost", "kernel", "A kernel that does not exist.", _kernel("kernel_src.no_such_kernel", "f"))
     with pytest.raises(CandidateLoadError, match="no_such_kernel"):

@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from measure import environment, rawio
+from measure import environment
+from records import rawio
 
 SECRET = "canary-7f3a9c2e-do-not-publish"
 

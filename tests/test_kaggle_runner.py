@@ -11,8 +11,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from measure import rawio
-from measure.kaggle import run_kaggle as rk
+from records import rawio
+from kaggle_runner import run_kaggle as rk
 
 KAGGLE_DIR = Path(rk.__file__).parent
 BOOTSTRAP_ITEMS = rawio.load_schema("environment")["properties"]["bootstrap"]

@@ -14,10 +14,10 @@ import pytest
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
 
 import tpu_kernel_records as tkr
-from builder import testing
+import release_fixtures as testing
 from builder.build import build
 from builder.publish import publish
-from builder.testing import PUBLISHED
+from release_fixtures import PUBLISHED
 
 
 @pytest.fixture(scope="module")

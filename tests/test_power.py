@@ -1,10 +1,10 @@
-"""measure.power: false rejects, power on known-bad candidates, the JSON format and its Markdown."""
+"""grading.power: false rejects, power on known-bad candidates, the JSON format and its Markdown."""
 
 import json
 
-from measure import rawio
-from measure.power import measure_power, power_markdown
-from measure.rubric_cli import main
+from records import rawio
+from grading.power import measure_power, power_markdown
+from cli.rubric import main
 
 
 def test_power_counts_rejections_and_validates(tmp_path):

@@ -10,10 +10,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from builder import commands, testing
+import release_fixtures as testing
+from cli import main as commands
 from builder.build import build
 from builder.publish import PublishError, publish, staged_files
-from builder.testing import PUBLISHED
+from release_fixtures import PUBLISHED
 
 
 class Recorder:

@@ -1,10 +1,10 @@
-"""measure.rawio: schema validation, manifest checksums, atomic run folders."""
+"""records.rawio: schema validation, manifest checksums, atomic run folders."""
 
 import json
 
 import pytest
 
-from measure import rawio
+from records import rawio
 
 
 def _docs(run_id="cpu-test-run"):

@@ -1,4 +1,4 @@
-"""measure.rubric: correct candidates pass, every known-bad one fails the check built for it, and no
+"""grading.rubric: correct candidates pass, every known-bad one fails the check built for it, and no
 candidate misbehaviour escapes as a traceback."""
 
 import time
@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from measure import oracle, rawio, tolerance
-from measure.candidates import BUILTIN, Candidate, reference
-from measure.rubric import Scorecard, grade
+from grading import oracle, tolerance
+from records import rawio
+from grading.candidates import BUILTIN, Candidate, reference
+from grading.rubric import Scorecard, grade
 
 BAD = sorted(n for n, c in BUILTIN.items() if c.kind == "known-bad")
 

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from measure import rawio
-from measure.candidates import BUILTIN
-from measure.rubric_cli import main
+from records import rawio
+from grading.candidates import BUILTIN
+from cli.rubric import main
 
 
 def _valid(doc):

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from measure import roofline, stats
+from bench import roofline, stats
 
 
 def test_summary_of_known_samples():

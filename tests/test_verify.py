@@ -10,11 +10,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from builder import commands, testing
+import release_fixtures as testing
+from cli import main as commands
 from builder.build import build
 from builder.derive import checksums_text
 from builder.tables import write_parquet
-from builder.testing import PUBLISHED
+from release_fixtures import PUBLISHED
 from builder.verify import verify
 from tpu_kernel_records import CHECKSUMS
 

@@ -10,7 +10,7 @@ before this project is installed, so it imports nothing from it. Steps:
    in ``bootstrap.json``, which the measure job copies into the environment record's ``bootstrap``.
 2. Install this project (``--no-deps``, so the JAX just chosen stays) from ``PROJECT_SPEC``,
    ``$TPU_KERNEL_RECORDS_PROJECT``, or a wheel / sdist found under ``/kaggle/input``.
-3. Run ``python -m measure measure --profile tpu-v5e`` in ``/kaggle/working``; the run folder is left
+3. Run ``python -m cli measure --profile tpu-v5e`` in ``/kaggle/working``; the run folder is left
    in ``/kaggle/working/runs/<run_id>/`` for ``kaggle kernels output``.
 
 Every step with side effects (pip, the smoke test, the measure job) is a function passed to
@@ -165,9 +165,9 @@ def find_project(input_dir: Path = Path("/kaggle/input"), environ: dict | None =
 
 
 def run_measure_job(workdir: Path, bootstrap_file: Path) -> int:
-    """``python -m measure measure --profile tpu-v5e`` in ``workdir``, output streamed to the log."""
+    """``python -m cli measure --profile tpu-v5e`` in ``workdir``, output streamed to the log."""
     env = {**os.environ, BOOTSTRAP_ENV: str(bootstrap_file)}
-    return subprocess.run([sys.executable, "-m", "measure", "measure", "--profile", "tpu-v5e"],
+    return subprocess.run([sys.executable, "-m", "cli", "measure", "--profile", "tpu-v5e"],
                           cwd=workdir, env=env).returncode
 
 

@@ -13,9 +13,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from measure import rawio
+from records import rawio
 
-SYNTHETIC = "SYNTHETIC TEST DATA: made up by builder.testing, not a measurement."
+SYNTHETIC = "SYNTHETIC TEST DATA: made up by tests/release_fixtures.py, not a measurement."
 
 
 def _case(scope: str, impl: str, seq: int, scale: float, samples: int, interpret: bool) -> dict[str, Any]:

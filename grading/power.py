@@ -1,7 +1,7 @@
 """How well the rubric tells right from wrong: false rejects of correct candidates, power on bad ones.
 
 ``measure_power(seeds=200)`` grades every candidate on seeds ``first_seed .. first_seed + seeds - 1``
-(fresh inputs per seed on every trial, the shapes in ``measure.checks.SHAPES``) with the same checks and
+(fresh inputs per seed on every trial, the shapes in ``grading.checks.SHAPES``) with the same checks and
 the same tolerance as a scorecard: each power trial *is* a full scorecard. Correct candidates (kind
 reference, kernel, correct-variant) should never be rejected; each known-bad one should be rejected on
 every seed, ideally by the check built for its bug.
@@ -28,10 +28,10 @@ from typing import Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from measure import checks as C
-from measure.candidates import BUILTIN, Candidate, CandidateLoadError, resolve
-from measure.rubric import grade
-from measure.tolerance import POLICY, needed_floor, needed_k
+from grading import checks as C
+from grading.candidates import BUILTIN, Candidate, CandidateLoadError, resolve
+from grading.rubric import grade
+from grading.tolerance import POLICY, needed_floor, needed_k
 
 CORRECT_KINDS = ("reference", "kernel", "correct-variant")
 

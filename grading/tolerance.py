@@ -1,12 +1,12 @@
 """The tolerance policy: when is a candidate's numerical error acceptable?
 
-Ground truth is the float64 oracle (``measure.oracle``). Every tensor a candidate returns (the output,
+Ground truth is the float64 oracle (``grading.oracle``). Every tensor a candidate returns (the output,
 and dQ, dK, dV under a random cotangent) gets two errors against it:
 
 * norm-wise relative error  ``||c - o||_2 / ||m||_2``;
 * worst-element error       ``max_i |c_i - o_i| / max_i m_i`` (with the first index where it occurs);
 
-where ``m`` is the float64 magnitude of the terms the result sums (``measure.oracle.Truth.magnitude``:
+where ``m`` is the float64 magnitude of the terms the result sums (``grading.oracle.Truth.magnitude``:
 ``P |V|`` for the output, and likewise on absolute values for dQ, dK, dV). ``m`` is ``|o|`` where nothing
 cancels; unlike ``|o|`` it does not vanish where the exact result cancels to zero (dQ of a row that
 sees one key is exactly zero, and any reordering leaves rounding-sized values there).
@@ -22,7 +22,7 @@ epsilon of float32 (2**-23), the precision the contract fixes for logits, statis
 whatever the input dtype: the rounding of a bfloat16 output is already inside the reference's error,
 while in float32 the reference's own error (a fraction of an ulp) is too small to bound a correct
 kernel that merely accumulates in another order. A NaN or Inf never passes, whatever the bound; the
-exact zeros the contract demands are checked exactly, not by this module (``measure.checks``).
+exact zeros the contract demands are checked exactly, not by this module (``grading.checks``).
 
 Chosen by measurement, not by taste (CPU, jax 0.10.2, every check and shape of the rubric). The
 smallest ``k`` that passes every comparison of every trial, with the floor of one float32 ulp:

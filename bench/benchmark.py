@@ -15,9 +15,9 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
-from measure import evidence, roofline, stats
-from measure.cases import Case, Pair, Profile, build_cases
-from measure.timing import Clock, Timing, block_until_ready, peak_memory_bytes, time_jitted
+from bench import evidence, roofline, stats
+from bench.cases import Case, Pair, Profile, build_cases
+from bench.timing import Clock, Timing, block_until_ready, peak_memory_bytes, time_jitted
 
 MAX_ERROR_CHARS = 2000
 

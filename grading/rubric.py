@@ -1,10 +1,10 @@
 """Correctness rubric: grade any candidate that follows the contract and return a scorecard.
 
-``grade("pallas")`` runs every check in ``measure.checks.CHECKS`` (then ``finite``) on fresh inputs drawn
+``grade("pallas")`` runs every check in ``grading.checks.CHECKS`` (then ``finite``) on fresh inputs drawn
 from ``seed`` and returns a :class:`Scorecard`. Nothing a candidate does escapes as a traceback: a load
 error, an exception, a hang past ``time_limit_s`` (the whole candidate's budget, in seconds), a wrong
 shape or dtype, NaN or Inf all become failed checks whose ``detail`` says what was observed. The
-tolerance policy is documented in ``measure.tolerance``.
+tolerance policy is documented in ``grading.tolerance``.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from measure import checks as C
-from measure.candidates import Candidate, CandidateLoadError, resolve
+from grading import checks as C
+from grading.candidates import Candidate, CandidateLoadError, resolve
 
 
 @dataclass

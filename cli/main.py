@@ -1,5 +1,9 @@
-"""``tpu-kernel-records``: the measurement job (``measure``) and the release commands (build, verify,
-publish, registered by ``builder.commands``)."""
+"""``tpu-kernel-records``: one CLI above everything it calls.
+
+``measure`` (the measurement job, ``measure.run``), ``grade`` and ``power`` (the correctness rubric,
+``cli.rubric``; ``tpu-kernel-rubric`` is their alias), ``build``, ``verify`` and ``publish`` (the
+release, ``cli.release``). ``python -m cli`` is the same command.
+"""
 
 from __future__ import annotations
 
@@ -8,8 +12,8 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from builder import commands
-from measure.cases import PROFILES, SCOPES
+from cli import release, rubric
+from bench.cases import PROFILES, SCOPES
 
 
 def _count(minimum: int):
@@ -62,7 +66,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "and publish the dataset release.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_measure_parser(subparsers)
-    commands.register(subparsers)
+    rubric.register(subparsers)
+    release.register(subparsers)
     return parser
 
 

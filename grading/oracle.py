@@ -23,7 +23,7 @@ class Truth(NamedTuple):
     (``P |V|`` for the output, ``P ⊙ (|dO||V|ᵀ + rowsum)`` through ``|K|``/``|Q|`` for dQ/dK, ...): the
     size of the terms each result sums. It equals ``|result|`` where nothing cancels and stays
     meaningful where the exact result cancels to zero (dQ of a row that sees a single key), so errors
-    are measured against it (``measure.tolerance``).
+    are measured against it (``grading.tolerance``).
     """
 
     out: np.ndarray

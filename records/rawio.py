@@ -2,7 +2,7 @@
 
 A run folder holds ``environment.json``, ``correctness.json``, ``benchmark.json``, any evidence files
 (e.g. gzipped StableHLO) and ``manifest.json`` with the sha256 of every other file. The schemas ship
-in ``measure/schemas`` so contributors can validate their own runs.
+in ``records/schemas`` so contributors can validate their own runs.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ class RunError(ValueError):
 @functools.cache
 def load_schema(name: str) -> dict:
     """The JSON Schema of ``name`` (one of ``DOCUMENTS`` or ``"manifest"``)."""
-    text = resources.files("measure").joinpath("schemas", f"{name}.schema.json").read_text()
+    text = resources.files("records").joinpath("schemas", f"{name}.schema.json").read_text()
     return json.loads(text)
 
 

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from measure import roofline
+from bench import roofline
 
 SCOPES = ("softmax", "attention", "flash", "sharded")
 PUBLISHED_SEQ_LENS = (128, 256, 512, 1024, 2048)

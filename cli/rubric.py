@@ -16,7 +16,7 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
-from measure.candidates import BUILTIN, CandidateSpecError, resolve
+from grading.candidates import BUILTIN, CandidateSpecError, resolve
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -89,7 +89,7 @@ def _list() -> int:
 
 
 def _power(args) -> int:
-    from measure.power import measure_power, power_markdown
+    from grading.power import measure_power, power_markdown
 
     if not args.seeds or args.seeds < 1:
         print("tpu-kernel-rubric: --power needs --seeds N (N >= 1)", file=sys.stderr)
@@ -113,16 +113,9 @@ def _power(args) -> int:
     return EXIT_OK if power["false_rejects"] == 0 and power["missed_bad"] == 0 else EXIT_FAILED
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``tpu-kernel-rubric``; returns the exit status."""
-    try:
-        args = _parser().parse_args(argv)
-    except SystemExit as e:  # --help (0) or a usage error (2)
-        return int(e.code or 0)
-    if args.list:
+def _grade(args) -> int:
+    if getattr(args, "list", False):
         return _list()
-    if args.power:
-        return _power(args)
     if not args.candidate:
         print("tpu-kernel-rubric: name at least one --candidate (or use --list / --power)", file=sys.stderr)
         return EXIT_USAGE
@@ -132,7 +125,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
         return EXIT_USAGE
 
-    from measure.rubric import grade_all
+    from grading.rubric import grade_all
 
     cards = grade_all(cands, seed=args.seed, progress=not args.quiet, time_limit_s=args.time_limit)
     for card in cards:
@@ -144,6 +137,35 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(c.error for c in cards):
         return EXIT_USAGE
     return EXIT_OK if all(c.passed for c in cards) else EXIT_FAILED
+
+
+def register(subparsers: "argparse._SubParsersAction") -> None:
+    """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
+    full = _parser()
+    grade_opts = {"--candidate", "--seed", "--time-limit", "--json", "--list", "--quiet"}
+    power_opts = {"--candidate", "--seeds", "--first-seed", "--kernel-seeds", "--time-limit", "--json",
+                  "--markdown", "--quiet"}
+    for name, opts, func, help_text in (
+            ("grade", grade_opts, _grade, "grade attention candidates with the correctness rubric"),
+            ("power", power_opts, _power, "sweep seeds: false rejects and power on known-bad candidates")):
+        p = subparsers.add_parser(name, help=help_text, description=full.description, epilog=full.epilog)
+        for action in full._actions:
+            if action.option_strings and action.option_strings[0] in opts:
+                p._add_action(action)
+        p.set_defaults(func=func)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``tpu-kernel-rubric`` (``grade``, or ``power`` with ``--power``); the exit status."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2)
+        return int(e.code or 0)
+    if args.list:
+        return _list()
+    if args.power:
+        return _power(args)
+    return _grade(args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The rubric's checks, the inputs they build, and the guarded way candidates are called.
+"""The rubric's checks: each builds its problems (``grading.problems``), calls the candidate through a
+``grading.runner.Runner`` and judges what came back.
 
 Every check draws fresh inputs from ``(seed, check name, trial)``, so a new seed means new values on
 every trial; all candidates graded with one seed see the same inputs (and the float64 truth and the
@@ -7,210 +8,22 @@ runs a Python loop per grid step) but cover: q_len < kv_len, q_len == kv_len, q_
 widths 12/24/40/136 (none a multiple of 128; 136 spans two 128-lane blocks), head_dim 16/32/48/64,
 one kv head, two and three kv heads with groups of 2 and 3, float32 and bfloat16.
 
-Tolerance checks use ``measure.tolerance``; the others are exact (bits, exact zeros, which kv head was
+Tolerance checks use ``grading.tolerance``; the others are exact (bits, exact zeros, which kv head was
 read) or metamorphic (change what must not matter, require the visible output to stay put).
-
-Candidate calls run in a daemon worker thread with the candidate's remaining time budget as deadline.
-A call that does not return in time is abandoned: its thread is left running in the background (it
-cannot be killed from Python) and every later call of that candidate fails at once as "not run".
 """
 
 from __future__ import annotations
 
-import functools
-import threading
-import time
 import zlib
 from dataclasses import dataclass
 from typing import Callable
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
-from kernel_src.contract import Dims
-from measure import oracle
-from measure.candidates import reference
-from measure.tolerance import Verdict, error, judge
-
-SHAPES = {
-    "A": Dims(batch=2, q_len=16, kv_len=40, num_q_heads=6, num_kv_heads=3, head_dim=64),
-    "B": Dims(batch=1, q_len=24, kv_len=24, num_q_heads=3, num_kv_heads=1, head_dim=32),
-    "C": Dims(batch=2, q_len=8, kv_len=136, num_q_heads=2, num_kv_heads=2, head_dim=48),
-    "D": Dims(batch=2, q_len=20, kv_len=12, num_q_heads=4, num_kv_heads=2, head_dim=16),
-}
-SHORT = {"float32": "f32", "bfloat16": "bf16"}
-EXPLICIT_SCALE = 0.3  # fixed (not drawn) so an explicit scale costs one compiled executable, not one per seed
-
-
-# --------------------------------------------------------------------------------------------------
-# Problems: inputs + flags, with the float64 truth and the reference's result computed on demand.
-
-class Problem:
-    """One call's inputs and flags. ``ct`` (a random cotangent) is set when gradients are checked."""
-
-    def __init__(self, label: str, dtype: str, q, k, v, *, causal: bool = False, kv_lengths=None,
-                 scale: float | None = None, ct=None):
-        self.label, self.dtype, self.causal, self.scale = label, dtype, causal, scale
-        self.q, self.k, self.v = (jnp.asarray(x, dtype) for x in (q, k, v))
-        self.ct = None if ct is None else jnp.asarray(ct, dtype)
-        self.lengths = None if kv_lengths is None else np.asarray(kv_lengths, np.int32)
-        self.kv_lengths = None if kv_lengths is None else jnp.asarray(self.lengths)
-
-    @property
-    def kwargs(self) -> dict:
-        return {"causal": self.causal, "kv_lengths": self.kv_lengths, "scale": self.scale}
-
-    @property
-    def offset(self) -> int:
-        return self.k.shape[1] - self.q.shape[1]
-
-    def replace(self, label: str, **arrays) -> "Problem":
-        """The same flags with some of q/k/v/ct replaced (NumPy float32 values); always fresh arrays."""
-        a = {n: arrays.get(n, None if getattr(self, n) is None else self.host(n)) for n in ("q", "k", "v", "ct")}
-        return Problem(label, self.dtype, a["q"], a["k"], a["v"], ct=a["ct"], causal=self.causal,
-                       kv_lengths=self.lengths, scale=self.scale)
-
-    def host(self, name: str) -> np.ndarray:
-        return np.asarray(getattr(self, name)).astype(np.float32)
-
-    @functools.cached_property
-    def truth(self) -> oracle.Truth:
-        return oracle.attention(self.q, self.k, self.v, self.ct, causal=self.causal,
-                                kv_lengths=self.lengths, scale=self.scale)
-
-    @functools.cached_property
-    def baseline(self) -> tuple[np.ndarray, ...]:
-        """The reference's ``(out,)`` or ``(out, dq, dk, dv)`` when ``ct`` is set."""
-        # Called exactly as the rubric calls a candidate, so grading ``reference`` reuses these executables.
-        if self.ct is None:
-            return (np.asarray(reference(self.q, self.k, self.v, **self.kwargs)),)
-        out, pull = jax.vjp(lambda q, k, v: reference(q, k, v, **self.kwargs), self.q, self.k, self.v)
-        return tuple(np.asarray(x) for x in (out, *pull(self.ct)))
-
-
-def _lengths(rng: np.random.Generator, dims: Dims, zero_batch: int | None = None) -> np.ndarray:
-    """Random kv_lengths in [1, kv_len - 1]; past 128 the first one crosses the 128-lane boundary."""
-    lengths = rng.integers(1, dims.kv_len, size=dims.batch)
-    if dims.kv_len > 129:
-        lengths[0] = rng.integers(129, dims.kv_len)
-        lengths[1:] = rng.integers(1, 128, size=dims.batch - 1)
-    if zero_batch is not None:
-        lengths[zero_batch] = 0
-    return lengths
-
-
-def normal(rng: np.random.Generator, shape: str, dtype: str, *, causal: bool = False, lengths: bool | str = False,
-           scale: float | None = None, grad: bool = False, zero_batch: int | None = None, tag: str = "") -> Problem:
-    """N(0, 1) q, k, v (and cotangent when ``grad``) of ``SHAPES[shape]``.
-
-    ``lengths``: False (kv_lengths=None), True (random kv_lengths) or "full" (kv_lengths = kv_len).
-    """
-    d = SHAPES[shape]
-    q = rng.standard_normal((d.batch, d.q_len, d.num_q_heads, d.head_dim), np.float32)
-    k = rng.standard_normal((d.batch, d.kv_len, d.num_kv_heads, d.head_dim), np.float32)
-    v = rng.standard_normal(k.shape, np.float32)
-    ct = rng.standard_normal(q.shape, np.float32) if grad else None
-    kv_lengths = None if not lengths else np.full(d.batch, d.kv_len) if lengths == "full" else \
-        _lengths(rng, d, zero_batch)
-    flags = [name for name, on in (("causal", causal), ("kv_lengths", lengths)) if on]
-    flags += [f"scale={scale:g}"] if scale is not None else []
-    label = f"{shape}{tuple(d)} {SHORT[dtype]} {'+'.join(flags) or 'unmasked'}{' ' + tag if tag else ''}"
-    return Problem(label, dtype, q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale, ct=ct)
-
-
-# --------------------------------------------------------------------------------------------------
-# Calling a candidate: worker thread with a deadline, output validated, non-finite values recorded.
-
-class CandidateFailure(Exception):
-    """The candidate raised, returned something that is not a usable array, or ran out of time."""
-
-
-class TimedOut(CandidateFailure):
-    pass
-
-
-class Runner:
-    """Calls one candidate under a budget of ``time_limit_s`` seconds spent inside its calls, all together."""
-
-    def __init__(self, fn: Callable, time_limit_s: float):
-        self.fn, self.time_limit_s = fn, time_limit_s
-        self.used_s = 0.0  # time inside the candidate's calls only (not the oracle's or the baseline's)
-        self.timed_out = False
-        self.returned = 0
-        self.nonfinite: list[str] = []
-        self.check = ""
-
-    def _guarded(self, what: str, thunk: Callable):
-        if self.timed_out:
-            raise TimedOut(f"not run: the candidate's time limit ({self.time_limit_s:g} s) ran out earlier")
-        remaining = self.time_limit_s - self.used_s
-        if remaining <= 0:
-            self.timed_out = True
-            raise TimedOut(f"not run: the candidate's time limit ({self.time_limit_s:g} s) ran out")
-        box: dict = {}
-
-        def target():
-            try:
-                box["value"] = thunk()
-            except BaseException as e:  # reported, never re-raised into the grader
-                box["error"] = e
-
-        worker = threading.Thread(target=target, name=f"rubric-call:{what}", daemon=True)
-        start = time.monotonic()
-        worker.start()
-        worker.join(remaining)
-        self.used_s += time.monotonic() - start
-        if worker.is_alive():
-            self.timed_out = True
-            raise TimedOut(f"{what}: no result within the candidate's time limit ({self.time_limit_s:g} s); "
-                           f"the call was abandoned in a daemon thread")
-        if "error" in box:
-            e = box["error"]
-            if isinstance(e, CandidateFailure):
-                raise e
-            message = (str(e).strip().splitlines() or [""])[0][:300]
-            raise CandidateFailure(f"{what}: raised {type(e).__name__}: {message}")
-        return box["value"]
-
-    def _observe(self, label: str, name: str, x: np.ndarray) -> None:
-        self.returned += 1
-        bad = ~np.isfinite(x.astype(np.float32))
-        if bad.any():
-            index = tuple(int(i) for i in np.argwhere(bad)[0])
-            value = x.astype(np.float32)[index]
-            self.nonfinite.append(f"{self.check}: {label} {name}[{index}] = {value}")
-
-    def forward(self, p: Problem, *, check_shape: bool = True) -> np.ndarray:
-        """The candidate's output on ``p`` as a NumPy array (bf16 stays bf16)."""
-        def call():
-            return _host(self.fn(p.q, p.k, p.v, **p.kwargs), "output")
-        out = self._guarded(f"{p.label} forward", call)
-        if check_shape and out.shape != p.q.shape:
-            raise CandidateFailure(f"{p.label}: output shape {out.shape}, expected {tuple(p.q.shape)}")
-        if out.shape == p.q.shape:
-            self._observe(p.label, "out", out)
-        return out
-
-    def vjp(self, p: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(out, dq, dk, dv)`` under the cotangent ``p.ct`` (cast to the output's dtype)."""
-        def call():
-            out, pull = jax.vjp(lambda q, k, v: self.fn(q, k, v, **p.kwargs), p.q, p.k, p.v)
-            if tuple(out.shape) != tuple(p.q.shape):
-                raise CandidateFailure(f"{p.label}: output shape {tuple(out.shape)}, expected {tuple(p.q.shape)}")
-            grads = pull(p.ct.astype(out.dtype))
-            return tuple(_host(x, name) for x, name in zip((out, *grads), ("output", "dq", "dk", "dv")))
-        result = self._guarded(f"{p.label} gradients", call)
-        for name, x in zip(("out", "dq", "dk", "dv"), result):
-            self._observe(p.label, name, x)
-        return result
-
-
-def _host(x, name: str) -> np.ndarray:
-    if not (hasattr(x, "shape") and hasattr(x, "dtype")):
-        raise CandidateFailure(f"{name} is a {type(x).__name__}, not an array")
-    return np.asarray(x)
-
+from grading import oracle
+from grading.problems import EXPLICIT_SCALE, SHAPES, SHORT, Problem, normal  # noqa: F401
+from grading.runner import CandidateFailure, Runner, TimedOut  # noqa: F401  (re-exported)
+from grading.tolerance import Verdict, error, judge
 
 # --------------------------------------------------------------------------------------------------
 # Outcomes and helpers shared by the checks.

@@ -1,7 +1,6 @@
 """CLI subcommands of the release: build, verify, publish.
 
 ``register(subparsers)`` adds them to ``tpu-kernel-records``; each sets ``func`` (``args -> exit code``).
-``python -m builder ...`` runs the same subcommands on their own.
 """
 
 from __future__ import annotations
@@ -12,7 +11,7 @@ from pathlib import Path
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
-    from .build import BuildError, build
+    from builder.build import BuildError, build
 
     try:
         ids = build(args.run_dirs, args.data, args.card, allow_interpret=args.allow_interpret,
@@ -25,7 +24,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
-    from .verify import verify
+    from builder.verify import verify
 
     problems = verify(args.data, args.card)
     if problems:
@@ -38,7 +37,7 @@ def _cmd_verify(args: argparse.Namespace) -> int:
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
-    from .publish import PublishError, publish
+    from builder.publish import PublishError, publish
 
     root = args.data.absolute().parent
     try:
@@ -91,11 +90,3 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--gated", choices=("auto", "manual"), default="auto", help="access approval (default: auto)")
     common(p)
     p.set_defaults(func=_cmd_publish)
-
-
-def main(argv: list[str] | None = None) -> int:
-    """``python -m builder``: the release subcommands without the rest of ``tpu-kernel-records``."""
-    parser = argparse.ArgumentParser(prog="python -m builder", description="Build, verify and publish the release.")
-    register(parser.add_subparsers(dest="command", required=True))
-    args = parser.parse_args(argv)
-    return args.func(args)
