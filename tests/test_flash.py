@@ -6,7 +6,6 @@ blocks so several query and key blocks exist and the online softmax and block sk
 
 from __future__ import annotations
 
-import importlib
 import itertools
 
 import jax
@@ -17,10 +16,8 @@ import pytest
 from kernel_src.backend import tpu_interpret_races_found
 from np_oracle import np_attention, np_attention_grads, np_visible
 
-# The package re-exports the function under the module's name, so fetch the module itself.
-fa = importlib.import_module("kernel_src.flash_attention")
+from kernel_src.flash import FlashBlockSizes, flash_attention, plan as flash_plan, tpu as flash_tpu
 
-FlashBlockSizes = fa.FlashBlockSizes
 BLOCKS_128 = FlashBlockSizes()  # every block 128
 MIXED = FlashBlockSizes(block_q=128, block_k=128, block_q_dq=64, block_k_dq=128,
                         block_q_dkv=128, block_k_dkv=64)
@@ -43,7 +40,7 @@ def _run(q, k, v, do, *, causal, kv_lengths=None, scale=None, **kwargs):
     @jax.jit
     def fwd_bwd(q, k, v, do, kv_lengths):
         def attend(q, k, v):
-            return fa.flash_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale,
+            return flash_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale,
                                       **kwargs)
 
         out, vjp = jax.vjp(attend, q, k, v)
@@ -147,7 +144,7 @@ def test_skipped_steps_issue_no_new_dma():
     computing steps fetch K/V. dK/dV grid: every query-side fetch feeds a computing step, bar
     one per (batch, kv head) whose key blocks all lie past its length.
     """
-    plan = fa._Plan(q_len=500, kv_len=600, num_q_heads=4, num_kv_heads=2, causal=True, scale=1.0,
+    plan = flash_plan.Plan(q_len=500, kv_len=600, num_q_heads=4, num_kv_heads=2, causal=True, scale=1.0,
                     blocks=BLOCKS_128, variant="mosaic", interpret=True)
     lengths = np.asarray([600, 300, 0], np.int32)
     bq = bk = 128
@@ -162,18 +159,18 @@ def test_skipped_steps_issue_no_new_dma():
             previous = block
         return fetches, computing
 
-    _, kv_map = fa._query_side_maps(plan, bq, bk)
+    _, kv_map = flash_tpu.query_side_maps(plan, bq, bk)
     fetches, computing = count(
         (3, 4, nq, nk), kv_map,
-        lambda b, h, qi, ki: ki < int(fa._num_key_blocks(qi, lengths[b], bq, bk, plan)))
+        lambda b, h, qi, ki: ki < int(flash_plan.num_key_blocks(qi, lengths[b], bq, bk, plan)))
     steps = 3 * 4 * nq * nk
     assert computing < steps / 2  # causal + lengths skip more than half of this grid
     assert fetches <= computing + 3 * 4  # + the first step of each (batch, head) with none
 
-    q_map, _ = fa._key_side_maps(plan, bq, bk, nq)
+    q_map, _ = flash_tpu.key_side_maps(plan, bq, bk, nq)
     fetches, computing = count(
         (3, 2, nk, 2, nq), q_map,
-        lambda b, h, ki, g, qi: ki < int(fa._num_key_blocks(qi, lengths[b], bq, bk, plan)))
+        lambda b, h, ki, g, qi: ki < int(flash_plan.num_key_blocks(qi, lengths[b], bq, bk, plan)))
     assert 0 < fetches <= computing + 3 * 2
 
 
@@ -182,12 +179,12 @@ def test_bad_arguments_raise_clear_errors():
     with pytest.raises(ValueError, match="multiple of 8"):
         FlashBlockSizes(block_q=100)
     with pytest.raises(ValueError, match="variant"):
-        fa.flash_attention(q, k, v, variant="cuda")
+        flash_attention(q, k, v, variant="cuda")
     with pytest.raises(ValueError, match="multiples of 128"):
-        fa.flash_attention(q, k, v, block_sizes=FlashBlockSizes(64, 64, 64, 64, 64, 64),
+        flash_attention(q, k, v, block_sizes=FlashBlockSizes(64, 64, 64, 64, 64, 64),
                            interpret=False)
     with pytest.raises(ValueError, match="num_q_heads"):
-        fa.flash_attention(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
+        flash_attention(q, k[:, :, :1].repeat(3, axis=2), v[:, :, :1].repeat(3, axis=2))
 
 
 def test_block_size_defaults_per_platform():

@@ -1,0 +1,21 @@
+"""Fused flash attention in Pallas: online-softmax forward, log-sum-exp backward (FlashAttention-2).
+
+One kernel owns the whole of attention: ``Q·Kᵀ``, the masked softmax and ``P·V`` never leave
+on-chip memory, unlike ``kernel_src.attention`` where XLA does the two matrix multiplications.
+One file per part, in the manner of the Pallas ops in JAX:
+
+* ``plan``: ``FlashBlockSizes``, the call's static plan, block skipping, the online-softmax maths;
+* ``tpu``: the Mosaic kernels (forward, dQ, dK/dV), accumulators carried across grid steps;
+* ``gpu``: the Triton kernels, loops over key (query) blocks inside each program;
+* ``api``: ``flash_attention``, padding, and the ``custom_vjp`` joining forward and backward.
+
+What has been exercised: both lowerings run in interpret mode on CPU against the float64 oracle,
+the Mosaic kernels lower to ``tpu_custom_call`` and the Triton kernels to Triton IR via
+``jax.export``. What has not: compiling or running either on a real TPU or GPU from this
+repository's tests (the Triton path has never run on a GPU at all).
+"""
+
+from kernel_src.flash.api import flash_attention
+from kernel_src.flash.plan import FlashBlockSizes
+
+__all__ = ["FlashBlockSizes", "flash_attention"]

@@ -1,0 +1,113 @@
+"""``flash_attention``: the public entry, padding and the ``custom_vjp`` over the lowerings.
+
+Sequences are zero-padded to whole blocks here (padded keys are masked, padded query rows sliced
+off); for compiled Mosaic a ``head_dim`` that is not a multiple of 128 is zero-padded too, which
+changes no logit and no kept output column. The kernels see ``[batch, seq_pad, heads * head_dim]``.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Literal
+
+import jax
+import jax.numpy as jnp
+
+from kernel_src import backend
+from kernel_src.contract import check_inputs, default_scale
+from kernel_src.flash import gpu, tpu
+from kernel_src.flash.plan import (LANES, FlashBlockSizes, Plan, fit_blocks, next_power_of_two,
+                                   round_up)
+
+Variant = Literal["mosaic", "triton"]
+_LOWERINGS = {"mosaic": tpu, "triton": gpu}
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
+def _flash(q, k, v, lengths, plan: Plan):
+    return _LOWERINGS[plan.variant].forward(q, k, v, lengths, plan)[0]
+
+
+def _flash_fwd(q, k, v, lengths, plan: Plan):
+    out, lse = _LOWERINGS[plan.variant].forward(q, k, v, lengths, plan)
+    return out, (q, k, v, lengths, out, lse)
+
+
+def _flash_bwd(plan: Plan, residuals, do):
+    q, k, v, lengths, out, lse = residuals
+    dq, dk, dv = _LOWERINGS[plan.variant].backward(q, k, v, lengths, out, lse,
+                                                   do.astype(q.dtype), plan)
+    return dq, dk, dv, None
+
+
+_flash.defvjp(_flash_fwd, _flash_bwd)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale", "block_sizes", "interpret",
+                                             "variant"))
+def _flash_attention(q, k, v, kv_lengths, *, causal: bool, scale: float,
+                     block_sizes: FlashBlockSizes, interpret: Any, variant: str):
+    batch, q_len, hq, d = q.shape
+    _, kv_len, hk, _ = k.shape
+    compiled = not interpret
+    blocks = fit_blocks(block_sizes, q_len, kv_len, variant, compiled)
+    plan = Plan(q_len, kv_len, hq, hk, causal, scale, blocks, variant, interpret)
+
+    q_multiple = math.lcm(blocks.block_q, blocks.block_q_dq, blocks.block_q_dkv)
+    kv_multiple = math.lcm(blocks.block_k, blocks.block_k_dq, blocks.block_k_dkv)
+    if variant == "triton":
+        d_pad = max(16, next_power_of_two(d))
+    else:
+        d_pad = round_up(d, LANES) if compiled and d % LANES and max(hq, hk) > 1 else d
+    q_pad, kv_pad = round_up(max(q_len, 1), q_multiple), round_up(max(kv_len, 1), kv_multiple)
+
+    def flat(x, seq_pad):
+        x = jnp.pad(x, ((0, 0), (0, seq_pad - x.shape[1]), (0, 0), (0, d_pad - d)))
+        return x.reshape(x.shape[0], seq_pad, -1)
+
+    if kv_lengths is None:
+        lengths = jnp.full((batch,), kv_len, jnp.int32)
+    else:
+        lengths = jnp.clip(kv_lengths, 0, kv_len).astype(jnp.int32)
+    if variant == "triton":  # a Triton block must have a power-of-two size
+        lengths = jnp.pad(lengths, (0, next_power_of_two(batch) - batch))
+    out = _flash(flat(q, q_pad), flat(k, kv_pad), flat(v, kv_pad), lengths, plan)
+    return out.reshape(batch, q_pad, hq, d_pad)[:, :q_len, :, :d]
+def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
+                    kv_lengths: jax.Array | None = None, scale: float | None = None,
+                    block_sizes: FlashBlockSizes | None = None, interpret: Any = None,
+                    variant: Variant | None = None) -> jax.Array:
+    """Fused grouped-query attention (the candidate contract), differentiable, in Pallas.
+
+    Args:
+      q: ``[batch, q_len, num_q_heads, head_dim]``, bf16 or fp32.
+      k, v: ``[batch, kv_len, num_kv_heads, head_dim]``, same dtype; ``num_q_heads`` is a
+        multiple of ``num_kv_heads`` and query head ``h`` reads kv head ``h // group``.
+      causal: bottom-right aligned causal mask (query ``i`` sees key ``j <= i + kv_len - q_len``).
+      kv_lengths: optional int ``[batch]``; keys at or past ``kv_lengths[b]`` are padding
+        (values are clipped to ``[0, kv_len]``).
+      scale: logit scale, ``head_dim ** -0.5`` by default.
+      block_sizes: tiles; ``FlashBlockSizes.for_platform()`` by default.
+      interpret: passed to ``pl.pallas_call``; ``True`` on CPU by default (see
+        ``kernel_src.backend.resolve_interpret``), e.g. ``pltpu.InterpretParams(...)`` for TPU
+        interpret mode.
+      variant: ``"mosaic"`` (grid-carried accumulators, the TPU kernels) or ``"triton"``
+        (in-kernel loops, the GPU kernels); by default ``"triton"`` on GPU, else ``"mosaic"``.
+
+    Returns:
+      ``[batch, q_len, num_q_heads, head_dim]`` in the input dtype. Rows with no visible key are
+      exact zeros, and so are their gradients.
+    """
+    dims = check_inputs(q, k, v, kv_lengths)
+    scale = default_scale(dims.head_dim, scale)
+    interpret = backend.resolve_interpret(interpret)
+    if variant is None:
+        variant = "triton" if backend.platform() == "gpu" else "mosaic"
+    if variant not in ("mosaic", "triton"):
+        raise ValueError(f"variant must be 'mosaic' or 'triton', got {variant!r}")
+    if block_sizes is None:
+        target = "cpu" if interpret else ("gpu" if variant == "triton" else "tpu")
+        block_sizes = FlashBlockSizes.for_platform(target)
+    return _flash_attention(q, k, v, kv_lengths, causal=bool(causal), scale=scale,
+                            block_sizes=block_sizes, interpret=interpret, variant=variant)

@@ -1,0 +1,195 @@
+"""What every flash lowering shares: block sizes, the call's plan, block skipping, online softmax.
+
+Block skipping. Key block ``ki`` is needed by query block ``qi`` iff it holds a key some row of
+``qi`` may see (bottom-right causal, ``kv_lengths``). The needed blocks are always a prefix
+``[0, n(qi))``; symmetrically the query blocks needing key block ``ki`` are a suffix.
+
+Numerics. Logits, running max, running sum and the output accumulator are fp32; probabilities
+are rounded to the input dtype before ``P·V`` (the contract allows it). The forward keeps the fp32
+log-sum-exp; the backward recomputes ``P = exp(S - lse)`` and uses ``di = rowsum(dO ⊙ O)``.
+A row with no visible key has ``l == 0``: its output is exactly 0, its log-sum-exp ``+inf``, so
+its recomputed probabilities and all its gradients are exactly 0.
+
+The block maths takes a ``widen(stat, width)`` that turns row statistics into ``[rows, width]``:
+Mosaic keeps them lane-replicated ``[rows, 128]`` (``kernel_src.flash.tpu``), Triton as
+``[rows, 1]`` (``kernel_src.flash.gpu``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from kernel_src import backend
+from kernel_src.contract import visible
+
+LANES = 128
+TRANS_B = (((1,), (1,)), ((), ()))  # contract the last dims: x @ y.T
+F32 = jnp.float32
+
+Widen = Callable[[jax.Array, int], jax.Array]
+
+
+@dataclasses.dataclass(frozen=True)
+class FlashBlockSizes:
+    """Tile sizes (query rows, key rows) of the three kernels; they change speed, not results.
+
+    Blocks larger than the (rounded-up) sequence are shrunk to it, and sequences are padded to a
+    common multiple of the query (resp. key) blocks. Compiled for TPU every block must be a
+    multiple of 128; for Triton a power of two, at least 16; in interpret mode any multiple of 8.
+
+    Attributes:
+      block_q, block_k: forward kernel.
+      block_q_dq, block_k_dq: dQ kernel.
+      block_q_dkv, block_k_dkv: dK/dV kernel.
+    """
+
+    block_q: int = 128
+    block_k: int = 128
+    block_q_dq: int = 128
+    block_k_dq: int = 128
+    block_q_dkv: int = 128
+    block_k_dkv: int = 128
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if not isinstance(value, int) or value <= 0 or value % 8:
+                raise ValueError(f"{field.name} must be a positive multiple of 8, got {value!r}")
+
+    @classmethod
+    def for_platform(cls, platform: str | None = None) -> FlashBlockSizes:
+        """Defaults for ``"tpu"``, ``"gpu"`` or ``"cpu"`` (the default backend's when ``None``).
+
+        TPU: lane-aligned tiles, untuned. GPU: powers of two sized for Triton. CPU (interpret
+        mode, whose cost grows with grid steps): large tiles, so few steps.
+        """
+        platform = platform or backend.platform()
+        if platform == "tpu":
+            return cls(block_q=512, block_k=512, block_q_dq=256, block_k_dq=512,
+                       block_q_dkv=256, block_k_dkv=512)
+        if platform == "gpu":
+            return cls(block_q=128, block_k=64, block_q_dq=64, block_k_dq=64,
+                       block_q_dkv=64, block_k_dkv=64)
+        return cls(block_q=1024, block_k=1024, block_q_dq=1024, block_k_dq=1024,
+                   block_q_dkv=1024, block_k_dkv=1024)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Static facts of one call: the unpadded problem, the fitted blocks, how to lower."""
+
+    q_len: int
+    kv_len: int
+    num_q_heads: int
+    num_kv_heads: int
+    causal: bool
+    scale: float
+    blocks: FlashBlockSizes
+    variant: str
+    interpret: Any
+
+    @property
+    def group(self) -> int:
+        return self.num_q_heads // self.num_kv_heads
+
+
+def round_up(x: int, multiple: int) -> int:
+    return -(-x // multiple) * multiple
+
+
+def next_power_of_two(x: int) -> int:
+    return 1 << max(0, x - 1).bit_length()
+
+
+def fit_blocks(blocks: FlashBlockSizes, q_len: int, kv_len: int, variant: str,
+               compiled: bool) -> FlashBlockSizes:
+    """Check ``blocks`` for the target and shrink each to its (rounded-up) sequence length."""
+    granule = 16 if variant == "triton" else (LANES if compiled else 8)
+    fitted = {}
+    for field in dataclasses.fields(blocks):
+        block = getattr(blocks, field.name)
+        if compiled and variant == "mosaic" and block % LANES:
+            raise ValueError(f"{field.name}={block}: TPU blocks must be multiples of {LANES}")
+        if compiled and variant == "triton" and (block < 16 or block & (block - 1)):
+            raise ValueError(f"{field.name}={block}: Triton blocks must be powers of two >= 16")
+        length = q_len if field.name.startswith("block_q") else kv_len
+        limit = round_up(max(length, 1), granule)
+        if variant == "triton":
+            limit = next_power_of_two(limit)
+        fitted[field.name] = min(block, limit)
+    return FlashBlockSizes(**fitted)
+
+
+# --------------------------------------------------------------------------------------------
+# Block skipping: which key blocks a query block needs (shared by every kernel and index map).
+# Integer division is lax.div on non-negative values: Mosaic lowers `//` on traced ints via sign().
+
+
+def num_key_blocks(qi, length, block_q: int, block_k: int, plan: Plan):
+    """``n``: key blocks ``[0, n)`` hold a key visible to some row of query block ``qi``."""
+    end = length
+    if plan.causal:
+        end = jnp.minimum(end, (qi + 1) * block_q + (plan.kv_len - plan.q_len))
+    return lax.div(jnp.maximum(end, 0) + (block_k - 1), block_k)
+
+
+def first_query_block(ki, block_q: int, block_k: int, num_q_blocks: int, plan: Plan):
+    """First query block needing key block ``ki``; all later ones do too, if ``ki`` is in range."""
+    if not plan.causal:
+        return 0
+    first = lax.div(jnp.maximum(ki * block_k - (plan.kv_len - plan.q_len), 0), block_q)
+    return jnp.minimum(first, num_q_blocks - 1)
+
+
+def key_in_range(ki, length, block_k: int):
+    return ki * block_k < length
+
+
+def visible_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan):
+    """``[block_q, block_k]`` visibility of one (query block, key block) tile, from iotas."""
+    q_pos = qi * block_q + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
+    k_pos = ki * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+    return visible(q_pos, k_pos, plan.q_len, plan.kv_len, plan.causal, length)
+
+
+# --------------------------------------------------------------------------------------------
+# Online softmax and its backward, on one (query block, key block) tile.
+
+
+def scores(q, k, mask, scale: float):
+    """Masked, scaled fp32 logits ``[block_q, block_k]`` (masked entries ``-inf``)."""
+    s = lax.dot_general(q, k, TRANS_B, preferred_element_type=F32) * scale
+    return jnp.where(mask, s, -jnp.inf)
+
+
+def online_softmax_step(s, v, m_prev, l_prev, acc_prev, widen: Widen):
+    """Fold one key block into the running max ``m``, sum ``l`` and output accumulator ``acc``."""
+    m_next = jnp.maximum(m_prev, jnp.max(s, axis=1, keepdims=True))
+    m_safe = jnp.where(m_next == -jnp.inf, 0.0, m_next)  # a row with nothing visible yet
+    p = jnp.exp(s - widen(m_safe, s.shape[1]))
+    alpha = jnp.exp(m_prev - m_safe)
+    l_next = alpha * l_prev + jnp.sum(p, axis=1, keepdims=True)
+    pv = lax.dot(p.astype(v.dtype), v, preferred_element_type=F32)
+    return m_next, l_next, acc_prev * widen(alpha, acc_prev.shape[1]) + pv
+
+
+def finish(m, l, acc, widen: Widen):
+    """``(out fp32, lse)``; rows with ``l == 0`` give out 0 and lse ``+inf``."""
+    empty = l == 0.0
+    l_safe = jnp.where(empty, 1.0, l)
+    out = acc * widen(jnp.where(empty, 0.0, 1.0 / l_safe), acc.shape[1])
+    return out, jnp.where(empty, jnp.inf, m + jnp.log(l_safe))
+
+
+def score_grads(q, k, v, do, lse, di, mask, scale: float, widen: Widen):
+    """Recomputed probabilities ``P`` and logit gradients ``dS`` (scale folded in), fp32."""
+    s = lax.dot_general(q, k, TRANS_B, preferred_element_type=F32) * scale
+    width = s.shape[1]
+    p = jnp.where(mask, jnp.exp(s - widen(lse, width)), 0.0)
+    dp = lax.dot_general(do, v, TRANS_B, preferred_element_type=F32)
+    return p, p * (dp - widen(di, width)) * scale

@@ -1,0 +1,251 @@
+"""Flash attention for TPU (Mosaic): forward, dQ and dK/dV kernels, side by side.
+
+Layout. The contract layout ``[batch, seq, heads, head_dim]`` is viewed, by a free reshape, as
+``[batch, seq, heads * head_dim]``: one head's tile is the ``(block, head_dim)`` window at column
+block ``head``, so no transpose is needed, and grouped-query attention is the kv column block
+``head // group`` in a ``BlockSpec`` index map: K and V are read in place, never repeated.
+
+Grids carry the accumulators across their last ("arbitrary") axes in VMEM scratch. Row
+statistics (running max, sum, log-sum-exp, ``di``) are fp32 and lane-replicated ``[rows, 128]``.
+A skipped grid step computes nothing (``pl.when``) and its index maps repeat the block of a
+computing step, so the pipeline issues no new DMA for it (the trick of JAX's flash and splash
+kernels). ``kv_lengths`` arrive by scalar prefetch (SMEM) for the index maps.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import tpu as pltpu
+
+from kernel_src.flash.plan import (F32, LANES, Plan, finish, first_query_block, key_in_range,
+                                   num_key_blocks, online_softmax_step, score_grads, scores,
+                                   visible_tile)
+
+
+def _lanes(x: jax.Array, width: int) -> jax.Array:
+    """Lane-replicated row statistics ``[rows, 128]`` as ``[rows, width]``."""
+    if width == LANES:
+        return x
+    if width < LANES:
+        return x[:, :width]
+    if width % LANES == 0:
+        if hasattr(pltpu, "repeat"):  # jax <= 0.6: the Mosaic lane-tiling op
+            return pltpu.repeat(x, width // LANES, axis=1)
+        return jnp.tile(x, (1, width // LANES))
+    return jnp.broadcast_to(x[:, :1], (x.shape[0], width))
+
+
+
+def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
+                           m_scratch, l_scratch, acc_scratch, *, plan: Plan, num_k_blocks: int):
+    """Forward of one (batch, q head, query block, key block) grid step.
+
+    lengths_ref: int32 ``[batch]`` key lengths (SMEM). q_ref: ``[block_q, head_dim]``; k_ref,
+    v_ref: ``[block_k, head_dim]`` of kv head ``q head // group``. o_ref: ``[block_q, head_dim]``
+    in the input dtype; lse_ref: fp32 ``[block_q, 128]`` lane-replicated log-sum-exp. Scratch:
+    fp32 running max and sum ``[block_q, 128]``, accumulator ``[block_q, head_dim]``.
+    """
+    b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    length = lengths_ref[b]
+
+    @pl.when(ki == 0)
+    def _start():
+        m_scratch[...] = jnp.full(m_scratch.shape, -jnp.inf, F32)
+        l_scratch[...] = jnp.zeros(l_scratch.shape, F32)
+        acc_scratch[...] = jnp.zeros(acc_scratch.shape, F32)
+
+    @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
+    def _step():
+        mask = visible_tile(qi, ki, block_q, block_k, length, plan)
+        s = scores(q_ref[...], k_ref[...], mask, plan.scale)
+        m, l, acc = online_softmax_step(s, v_ref[...], m_scratch[...], l_scratch[...],
+                                         acc_scratch[...], _lanes)
+        m_scratch[...], l_scratch[...], acc_scratch[...] = m, l, acc
+
+    @pl.when(ki == num_k_blocks - 1)
+    def _store():
+        out, lse = finish(m_scratch[...], l_scratch[...], acc_scratch[...], _lanes)
+        o_ref[...] = out.astype(o_ref.dtype)
+        lse_ref[...] = lse
+
+
+def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref,
+                      dq_scratch, *, plan: Plan, num_k_blocks: int):
+    """dQ of one (batch, q head, query block, key block) grid step.
+
+    q_ref, do_ref: ``[block_q, head_dim]``; k_ref, v_ref: ``[block_k, head_dim]``; lse_ref,
+    di_ref: fp32 ``[block_q, 128]`` lane-replicated. dq_ref: ``[block_q, head_dim]`` in the input
+    dtype, accumulated over key blocks in fp32 ``dq_scratch``.
+    """
+    b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    length = lengths_ref[b]
+
+    @pl.when(ki == 0)
+    def _start():
+        dq_scratch[...] = jnp.zeros(dq_scratch.shape, F32)
+
+    @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
+    def _step():
+        k = k_ref[...]
+        mask = visible_tile(qi, ki, block_q, block_k, length, plan)
+        _, ds = score_grads(q_ref[...], k, v_ref[...], do_ref[...], lse_ref[...], di_ref[...],
+                             mask, plan.scale, _lanes)
+        dq_scratch[...] += lax.dot(ds.astype(k.dtype), k, preferred_element_type=F32)
+
+    @pl.when(ki == num_k_blocks - 1)
+    def _store():
+        dq_ref[...] = dq_scratch[...].astype(dq_ref.dtype)
+
+
+def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref,
+                       dk_scratch, dv_scratch, *, plan: Plan, num_q_blocks: int):
+    """dK and dV of one (batch, kv head, key block, head in group, query block) grid step.
+
+    The query heads of a kv head's group are the second-to-last grid axis, so their
+    contributions add up in the fp32 scratch: K and V are never repeated. q_ref, do_ref:
+    ``[block_q, head_dim]`` of q head ``kv head * group + g``; k_ref, v_ref, dk_ref, dv_ref:
+    ``[block_k, head_dim]``; lse_ref, di_ref: fp32 ``[block_q, 128]`` lane-replicated.
+    """
+    b, ki, g, qi = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
+    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    length = lengths_ref[b]
+
+    @pl.when((g == 0) & (qi == 0))
+    def _start():
+        dk_scratch[...] = jnp.zeros(dk_scratch.shape, F32)
+        dv_scratch[...] = jnp.zeros(dv_scratch.shape, F32)
+
+    @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
+    def _step():
+        q, do = q_ref[...], do_ref[...]
+        mask = visible_tile(qi, ki, block_q, block_k, length, plan)
+        p, ds = score_grads(q, k_ref[...], v_ref[...], do, lse_ref[...], di_ref[...], mask,
+                             plan.scale, _lanes)
+        dv_scratch[...] += lax.dot(p.T.astype(do.dtype), do, preferred_element_type=F32)
+        dk_scratch[...] += lax.dot(ds.T.astype(q.dtype), q, preferred_element_type=F32)
+
+    @pl.when((g == plan.group - 1) & (qi == num_q_blocks - 1))
+    def _store():
+        dk_ref[...] = dk_scratch[...].astype(dk_ref.dtype)
+        dv_ref[...] = dv_scratch[...].astype(dv_ref.dtype)
+
+
+def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, semantics):
+    return pl.pallas_call(
+        kernel,
+        grid_spec=pltpu.PrefetchScalarGridSpec(
+            num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
+            scratch_shapes=[pltpu.VMEM(shape, F32) for shape in scratch]),
+        out_shape=out_shape,
+        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+        interpret=plan.interpret,
+    )
+
+
+def query_side_maps(plan: Plan, block_q: int, block_k: int):
+    """Index maps of the (batch, q head, qi, ki) grids: query tiles, and K/V tiles clamped so a
+    skipped key block re-uses the last needed one (no DMA)."""
+
+    def q_map(b, h, qi, ki, lengths):
+        return b, qi, h
+
+    def kv_map(b, h, qi, ki, lengths):
+        n = num_key_blocks(qi, lengths[b], block_q, block_k, plan)
+        return b, jnp.minimum(ki, jnp.maximum(n - 1, 0)), lax.div(h, plan.group)
+
+    return q_map, kv_map
+
+
+def key_side_maps(plan: Plan, block_q: int, block_k: int, num_q_blocks: int):
+    """Index maps of the dK/dV grid (batch, kv head, ki, g, qi): K/V tiles, and query-side tiles
+    where a skipped step fetches the tile the next needed step uses (no extra DMA)."""
+
+    def q_map(b, h, ki, g, qi, lengths):
+        length = lengths[b]
+        in_range = key_in_range(ki, length, block_k)
+        first = first_query_block(ki, block_q, block_k, num_q_blocks, plan)
+        qi = jnp.where(in_range, jnp.maximum(qi, first), num_q_blocks - 1)
+        g = jnp.where(in_range, g, plan.group - 1)
+        return b, qi, h * plan.group + g
+
+    def kv_map(b, h, ki, g, qi, lengths):
+        return b, ki, h
+
+    return q_map, kv_map
+
+
+def forward(q, k, v, lengths, plan: Plan):
+    """``(out [b, q_pad, hq*d], lse [b, q_pad, hq*128] fp32)`` from ``[b, seq_pad, heads*d]``."""
+    batch, q_pad, _ = q.shape
+    kv_pad = k.shape[1]
+    d = q.shape[2] // plan.num_q_heads
+    bq, bk = plan.blocks.block_q, plan.blocks.block_k
+    grid = (batch, plan.num_q_heads, q_pad // bq, kv_pad // bk)
+    q_map, kv_map = query_side_maps(plan, bq, bk)
+    kernel = functools.partial(_forward_kernel, plan=plan, num_k_blocks=grid[3])
+    return _call(
+        kernel, grid,
+        in_specs=[pl.BlockSpec((None, bq, d), q_map), pl.BlockSpec((None, bk, d), kv_map),
+                  pl.BlockSpec((None, bk, d), kv_map)],
+        out_specs=[pl.BlockSpec((None, bq, d), q_map), pl.BlockSpec((None, bq, LANES), q_map)],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
+                   jax.ShapeDtypeStruct((batch, q_pad, plan.num_q_heads * LANES), F32)],
+        scratch=[(bq, LANES), (bq, LANES), (bq, d)], plan=plan,
+        semantics=("parallel", "parallel", "parallel", "arbitrary"),
+    )(lengths, q, k, v)
+
+
+def _backward_kernels(q, k, v, lengths, lse, di, do, plan: Plan):
+    """``(dq, dk, dv)`` in the layouts of ``q, k, v``; lse and di lane-replicated fp32."""
+    batch, q_pad, _ = q.shape
+    kv_pad = k.shape[1]
+    d = q.shape[2] // plan.num_q_heads
+    blocks = plan.blocks
+
+    bq, bk = blocks.block_q_dq, blocks.block_k_dq
+    grid = (batch, plan.num_q_heads, q_pad // bq, kv_pad // bk)
+    q_map, kv_map = query_side_maps(plan, bq, bk)
+    q_spec, stat_spec = pl.BlockSpec((None, bq, d), q_map), pl.BlockSpec((None, bq, LANES), q_map)
+    kv_spec = pl.BlockSpec((None, bk, d), kv_map)
+    dq = _call(
+        functools.partial(_dq_kernel, plan=plan, num_k_blocks=grid[3]), grid,
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec], out_specs=q_spec,
+        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), scratch=[(bq, d)], plan=plan,
+        semantics=("parallel", "parallel", "parallel", "arbitrary"),
+    )(lengths, q, k, v, do, lse, di)
+
+    bq, bk = blocks.block_q_dkv, blocks.block_k_dkv
+    num_q_blocks = q_pad // bq
+    grid = (batch, plan.num_kv_heads, kv_pad // bk, plan.group, num_q_blocks)
+    q_map, kv_map = key_side_maps(plan, bq, bk, num_q_blocks)
+    q_spec, stat_spec = pl.BlockSpec((None, bq, d), q_map), pl.BlockSpec((None, bq, LANES), q_map)
+    kv_spec = pl.BlockSpec((None, bk, d), kv_map)
+    dk, dv = _call(
+        functools.partial(_dkv_kernel, plan=plan, num_q_blocks=num_q_blocks), grid,
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec],
+        out_specs=[kv_spec, kv_spec],
+        out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
+        scratch=[(bk, d), (bk, d)], plan=plan,
+        semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary"),
+    )(lengths, q, k, v, do, lse, di)
+    return dq, dk, dv
+
+
+
+def backward(q, k, v, lengths, out, lse, do, plan: Plan):
+    """``(dq, dk, dv)`` in the layouts of ``q, k, v`` from the forward's ``out`` and ``lse``.
+
+    ``di = rowsum(dO ⊙ O)`` per (row, head), fp32, lane-replicated like ``lse``.
+    """
+    batch, q_pad, _ = q.shape
+    di = jnp.sum(out.astype(F32).reshape(batch, q_pad, plan.num_q_heads, -1)
+                 * do.astype(F32).reshape(batch, q_pad, plan.num_q_heads, -1), axis=-1)
+    di = jnp.broadcast_to(di[..., None], di.shape + (LANES,)).reshape(lse.shape)
+    return _backward_kernels(q, k, v, lengths, lse, di, do, plan)
