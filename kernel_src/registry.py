@@ -1,0 +1,106 @@
+"""Every attention implementation of the project, declared once.
+
+The benchmark (``bench.cases``), the rubric's built-in candidates (``grading.candidates``), the
+dataset card and the tests read this table instead of keeping their own lists of names.
+
+Example::
+
+    from kernel_src.registry import IMPLEMENTATIONS
+    flash = IMPLEMENTATIONS["flash"].load()   # kernel_src.flash.flash_attention
+    out = flash(q, k, v, causal=True)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from typing import Any, Callable, Literal
+
+Kind = Literal["reference", "kernel", "vendor"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    """One attention implementation.
+
+    Attributes:
+      name: its name in benchmark case ids and records (``"xla"``, ``"pallas"``, ...).
+      target: ``"module:attribute"`` of the callable, imported only by ``load()``.
+      kind: ``"reference"`` (the pure-JAX oracle), ``"kernel"`` (this project's Pallas kernels)
+        or ``"vendor"`` (a library's kernel, for comparison).
+      description: one line for cards and listings.
+      scopes: the benchmark scopes (``bench.cases.SCOPES``) that measure it.
+      pallas: whether it runs Pallas kernels (interpret mode on CPU).
+      grading_name: its built-in candidate name in the rubric, ``None`` if the rubric has none.
+      platforms: where it can run at all (``jax.default_backend()`` names), ``None`` for anywhere.
+      softmax_target: ``"module:attribute"`` of its masked softmax alone, for the ``softmax``
+        scope (``[batch, heads, q_len, kv_len]`` logits in, fp32 probabilities out).
+      contract: whether ``load()`` gives ``attention(q, k, v, *, causal, kv_lengths, scale)``;
+        ``sharded`` instead takes the contract kernel to shard as its first argument.
+    """
+
+    name: str
+    target: str
+    kind: Kind
+    description: str
+    scopes: tuple[str, ...]
+    pallas: bool
+    grading_name: str | None = None
+    platforms: tuple[str, ...] | None = None
+    softmax_target: str | None = None
+    contract: bool = True
+
+    def load(self) -> Callable[..., Any]:
+        """The callable itself (imports its module now)."""
+        return _resolve(self.target)
+
+    def load_softmax(self) -> Callable[..., Any]:
+        """The masked softmax of the ``softmax`` scope; ``ValueError`` if it has none."""
+        if self.softmax_target is None:
+            raise ValueError(f"implementation {self.name!r} has no separate masked softmax")
+        return _resolve(self.softmax_target)
+
+    def runs_on(self, platform: str) -> bool:
+        return self.platforms is None or platform in self.platforms
+
+
+def _resolve(target: str) -> Callable[..., Any]:
+    module, _, attribute = target.partition(":")
+    return getattr(importlib.import_module(module), attribute)
+
+
+IMPLEMENTATIONS: dict[str, Implementation] = {impl.name: impl for impl in (
+    Implementation(
+        "xla", "kernel_src.reference:reference_attention", "reference",
+        "Pure-JAX oracle of the contract: XLA matmuls, fp32 logits, softmax and accumulation.",
+        scopes=("softmax", "attention", "flash"), pallas=False, grading_name="reference",
+        softmax_target="kernel_src.reference:reference_masked_softmax"),
+    Implementation(
+        "pallas", "kernel_src.attention:pallas_attention", "kernel",
+        "Pallas masked softmax (and its backward) between XLA's two matmuls.",
+        scopes=("softmax", "attention"), pallas=True, grading_name="pallas",
+        softmax_target="kernel_src.masked_softmax:masked_softmax"),
+    Implementation(
+        "flash", "kernel_src.flash:flash_attention", "kernel",
+        "Fused Pallas flash attention: online softmax forward, log-sum-exp backward.",
+        scopes=("flash",), pallas=True, grading_name="flash"),
+    Implementation(
+        "cudnn", "kernel_src.vendor:cudnn_attention", "vendor",
+        "cuDNN fused attention via jax.nn.dot_product_attention(implementation='cudnn').",
+        scopes=("flash",), pallas=False, platforms=("gpu",)),
+    Implementation(
+        "sharded", "kernel_src.sharded:sharded_attention", "kernel",
+        "Any contract kernel under shard_map, batch and kv-head groups split over devices.",
+        scopes=("sharded",), pallas=False, contract=False),
+)}
+
+
+def for_scope(scope: str, platform: str) -> list[Implementation]:
+    """The implementations ``scope`` measures on ``platform``, in declaration order."""
+    return [impl for impl in IMPLEMENTATIONS.values()
+            if scope in impl.scopes and impl.runs_on(platform)]
+
+
+def by_grading_name(name: str) -> Implementation | None:
+    """The implementation the rubric calls ``name`` (e.g. ``"reference"`` is ``"xla"``)."""
+    return next((impl for impl in IMPLEMENTATIONS.values() if impl.grading_name == name), None)
