@@ -1,0 +1,208 @@
+"""The tolerance policy (``grading.tolerance``) tested by what it decides, not by its values.
+
+Synthetic candidates whose error sits just under and just over the bound, for the output (forward
+``k``) and the gradients (gradient ``k``), with the norm-wise error and the worst-element error binding
+separately, and at the floor (an exact baseline). The calibrated constants are pinned here by those
+decisions: an edit of ``K_FORWARD``, ``K_GRADIENT`` or ``FLOOR_EPS`` that the measurement in
+``grading.tolerance``'s docstring did not produce makes a test below fail. A recalibration updates
+``CALIBRATED`` together with that docstring table (the command that measured it is named there).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from grading import tolerance
+from grading.tolerance import Error, Policy, Verdict, error, judge, needed_floor, needed_k
+
+# The decisions the calibration made (grading/tolerance.py docstring): an error up to k times the
+# reference's, plus a floor of FLOOR_ULPS float32 ulps, passes.
+CALIBRATED = {"forward": 5.0, "gradient": 6.0, "floor_ulps": 1.0}
+ULP = 2.0 ** -23
+N = 64  # elements of the synthetic tensors
+JUST = 1e-3  # relative distance from the bound of the "just under" and "just over" candidates
+
+
+def _tensors(seed: int = 0):
+    truth = np.random.default_rng(seed).standard_normal(N)
+    return truth, np.ones(N)  # magnitude 1 everywhere: errors are plain differences
+
+
+def _spike(size: float) -> np.ndarray:
+    e = np.zeros(N)
+    e[17] = size
+    return e
+
+
+def _spread(size: float) -> np.ndarray:
+    return np.full(N, size) * np.where(np.arange(N) % 2, 1.0, -1.0)
+
+
+def _k(gradient: bool) -> float:
+    return CALIBRATED["gradient" if gradient else "forward"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("gradient", [False, True], ids=["output", "gradient"])
+def test_norm_error_just_under_the_bound_passes_and_just_over_fails(gradient, dtype):
+    """Baseline: one spike (small norm-wise error, large worst element). Candidate: the same error on
+    every element, so only its norm-wise error can reach its bound."""
+    truth, mag = _tensors()
+    spike = 1e-3
+    baseline = truth + _spike(spike)
+    bound = _k(gradient) * spike / math.sqrt(N) + CALIBRATED["floor_ulps"] * ULP
+    for factor, ok in ((1 - JUST, True), (1 + JUST, False)):
+        v = judge("t", truth + _spread(factor * bound), truth, baseline, dtype, gradient=gradient, magnitude=mag)
+        assert v.ok is ok, (factor, v.describe())
+        assert v.candidate.worst < 0.5 * v.tol_worst  # the worst element is far from its own bound
+        assert math.isclose(v.tol_norm, bound, rel_tol=1e-12)
+        assert v.binding[0] == "norm-wise"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("gradient", [False, True], ids=["output", "gradient"])
+def test_worst_element_just_under_the_bound_passes_and_just_over_fails(gradient, dtype):
+    """Baseline: the same error everywhere. Candidate: one spike, so only its worst element can fail."""
+    truth, mag = _tensors(1)
+    level = 2e-4
+    baseline = truth + _spread(level)
+    bound = _k(gradient) * level + CALIBRATED["floor_ulps"] * ULP
+    for factor, ok in ((1 - JUST, True), (1 + JUST, False)):
+        v = judge("t", truth + _spike(factor * bound), truth, baseline, dtype, gradient=gradient, magnitude=mag)
+        assert v.ok is ok, (factor, v.describe())
+        assert v.candidate.norm < 0.5 * v.tol_norm
+        assert math.isclose(v.tol_worst, bound, rel_tol=1e-12)
+        assert v.binding[0] == "worst-element" and v.candidate.index == (17,)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("gradient", [False, True], ids=["output", "gradient"])
+def test_the_floor_is_one_float32_ulp_whatever_the_dtype(gradient, dtype):
+    """An exact baseline leaves only the floor: FLOOR_ULPS float32 ulps, for bfloat16 inputs too."""
+    truth, mag = _tensors(2)
+    floor = CALIBRATED["floor_ulps"] * ULP
+    for make in (_spread, _spike):
+        for factor, ok in ((1 - JUST, True), (1 + JUST, False)):
+            v = judge("t", truth + make(factor * floor), truth, truth.copy(), dtype, gradient=gradient,
+                      magnitude=mag)
+            assert v.ok is ok, (make.__name__, factor, v.describe())
+            assert v.tol_norm == v.tol_worst == pytest.approx(floor, rel=1e-12)
+    assert tolerance.POLICY.floor(dtype) == pytest.approx(floor, rel=1e-12)
+
+
+def test_forward_and_gradient_bounds_differ_as_calibrated():
+    """The same error relative to the same baseline: judged by the gradient ``k`` only when asked."""
+    truth, mag = _tensors(3)
+    level = 1e-3
+    baseline = truth + _spread(level)
+    between = 0.5 * (CALIBRATED["forward"] + CALIBRATED["gradient"]) * level
+    out = judge("o", truth + _spread(between), truth, baseline, "float32", gradient=False, magnitude=mag)
+    grad = judge("g", truth + _spread(between), truth, baseline, "float32", gradient=True, magnitude=mag)
+    assert not out.ok and grad.ok and not out.gradient and grad.gradient
+
+
+def test_verdict_needs_both_errors_in_bounds():
+    base = Error(1e-6, 1e-5, (0,))
+    for norm, worst, ok in ((0.5, 0.5, True), (1.5, 0.5, False), (0.5, 1.5, False), (1.5, 1.5, False),
+                            (1.0, 1.0, True)):
+        v = Verdict("v", Error(norm, worst, (3,)), base, 1.0, 1.0)
+        assert v.ok is ok, (norm, worst)
+        assert v.ratio == pytest.approx(max(norm, worst))
+    # Through judge: a candidate over on one error only fails.
+    truth, mag = _tensors(4)
+    baseline = truth + _spread(1e-4)
+    k = CALIBRATED["forward"]
+    only_worst = truth + _spike(2 * k * 1e-4)
+    assert not judge("w", only_worst, truth, baseline, "float32", gradient=False, magnitude=mag).ok
+    spike_base = truth + _spike(1e-3)
+    only_norm = truth + _spread(2 * k * 1e-3 / math.sqrt(N))
+    assert not judge("n", only_norm, truth, spike_base, "float32", gradient=False, magnitude=mag).ok
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_a_non_finite_value_never_passes(bad):
+    truth, mag = _tensors(5)
+    cand = truth.copy()
+    cand[9] = bad
+    v = judge("x", cand, truth, truth + _spread(1.0), "float32", gradient=False, magnitude=mag,
+              policy=Policy(k_forward=1e30))
+    assert not v.ok and v.candidate.index == (9,) and math.isinf(v.ratio)
+    assert math.isinf(v.candidate.worst) and math.isinf(v.candidate.norm)
+    assert math.isinf(needed_k(v)) and math.isinf(needed_floor(v))
+    nan_error = Verdict("n", Error(math.nan, math.nan, ()), Error(0, 0, ()), 1.0, 1.0)
+    assert not nan_error.ok and math.isinf(nan_error.ratio) and math.isinf(needed_floor(nan_error))
+
+
+def test_error_is_normwise_and_worst_element_relative_to_the_magnitude():
+    truth = np.array([[1.0, -2.0], [0.0, 4.0]])
+    mag = np.array([[2.0, 2.0], [1.0, 4.0]])
+    cand = truth + np.array([[0.1, 0.0], [-0.3, 0.2]])
+    e = error(cand, truth, mag)
+    assert e.norm == pytest.approx(math.sqrt(0.01 + 0.09 + 0.04) / math.sqrt(4 + 4 + 1 + 16), rel=1e-12)
+    assert e.worst == pytest.approx(0.3 / 4.0, rel=1e-12) and e.index == (1, 0)
+    plain = error(cand, truth)  # default magnitude |truth|
+    assert plain.norm == pytest.approx(math.sqrt(0.14) / math.sqrt(1 + 4 + 16), rel=1e-12)
+    assert plain.worst == pytest.approx(0.3 / 4.0, rel=1e-12)
+    assert error(truth.astype(np.float32), truth) == Error(0.0, 0.0, (0, 0))
+    zero = error(np.zeros(3), np.zeros(3))
+    assert zero.norm == 0.0 and zero.worst == 0.0
+    tiny = error(np.array([1e-150]), np.zeros(1))
+    assert tiny.norm > 1 and tiny.worst > 1  # nothing to be relative to: any difference is large
+
+
+def test_the_bound_scales_with_the_baseline():
+    truth, mag = _tensors(6)
+    small = judge("s", truth, truth, truth + _spread(1e-6), "float32", gradient=False, magnitude=mag)
+    large = judge("l", truth, truth, truth + _spread(1e-3), "float32", gradient=False, magnitude=mag)
+    floor = CALIBRATED["floor_ulps"] * ULP
+    assert small.tol_norm == pytest.approx(CALIBRATED["forward"] * 1e-6 + floor, rel=1e-12)
+    assert large.tol_norm == pytest.approx(CALIBRATED["forward"] * 1e-3 + floor, rel=1e-12)
+    assert small.baseline.norm == pytest.approx(1e-6, rel=1e-12)
+
+
+def test_needed_k_and_floor_are_the_smallest_that_pass():
+    truth, mag = _tensors(7)
+    level = 1e-4
+    baseline = truth + _spread(level)
+    for gradient in (False, True):
+        v = judge("t", truth + _spread(9 * level), truth, baseline, "float32", gradient=gradient, magnitude=mag)
+        k = needed_k(v)
+        assert k == pytest.approx((9 * level - CALIBRATED["floor_ulps"] * ULP) / level, rel=1e-9)
+        for factor, ok in ((1 + JUST, True), (1 - JUST, False)):
+            policy = Policy(k_forward=k * factor, k_gradient=k * factor)
+            assert judge("t", truth + _spread(9 * level), truth, baseline, "float32", gradient=gradient,
+                         magnitude=mag, policy=policy).ok is ok
+        ulps = needed_floor(v)
+        assert ulps == pytest.approx((9 - _k(gradient)) * level / ULP, rel=1e-9)
+        for factor, ok in ((1 + JUST, True), (1 - JUST, False)):
+            policy = Policy(floor_eps=ulps * factor)
+            assert judge("t", truth + _spread(9 * level), truth, baseline, "float32", gradient=gradient,
+                         magnitude=mag, policy=policy).ok is ok
+    within = judge("t", truth + _spread(0.5 * ULP), truth, truth.copy(), "float32", gradient=False, magnitude=mag)
+    assert needed_k(within) == 0.0 and needed_floor(within) == pytest.approx(0.5, rel=1e-9)
+    exact_base = judge("t", truth + _spread(4 * ULP), truth, truth.copy(), "float32", gradient=False, magnitude=mag)
+    assert math.isinf(needed_k(exact_base))  # no k helps when the reference is exact
+
+
+def test_the_policy_reports_what_it_applies():
+    d = tolerance.POLICY.to_dict()
+    assert d["k"] == {"forward": CALIBRATED["forward"], "gradient": CALIBRATED["gradient"]}
+    assert d["floor"]["float32_eps_multiple"] == CALIBRATED["floor_ulps"]
+    assert d["floor"]["value"] == pytest.approx(CALIBRATED["floor_ulps"] * ULP, rel=1e-12)
+    assert tolerance.POLICY.k(True) == CALIBRATED["gradient"] and tolerance.POLICY.k(False) == CALIBRATED["forward"]
+
+
+def test_describe_names_the_binding_error_its_bound_and_the_outcome():
+    truth, mag = _tensors(8)
+    baseline = truth + _spread(1e-4)
+    bad = judge("dq of P", truth + _spike(1.0), truth, baseline, "float32", gradient=True, magnitude=mag)
+    text = bad.describe()
+    assert text.startswith("dq of P: worst-element error 1 > tol") and "at (17,)" in text
+    assert f"(reference {1e-4:.3g})" in text
+    good = judge("out", truth, truth, baseline, "float32", gradient=False, magnitude=mag)
+    assert " <= tol " in good.describe() and good.binding[0] in ("norm-wise", "worst-element")
+    metric, err, tol, base = bad.binding
+    assert (metric, err, tol, base) == ("worst-element", bad.candidate.worst, bad.tol_worst, bad.baseline.worst)
