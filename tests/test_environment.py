@@ -2,8 +2,11 @@
 
 import datetime as dt
 import gzip
+import hashlib
 import json
+import os
 import re
+from pathlib import Path
 
 import pytest
 
@@ -58,8 +61,34 @@ def test_kernel_src_hash_is_deterministic_and_sensitive(tmp_path):
     assert environment.kernel_src_sha256(tmp_path) not in (first, edited)
 
 
+def _independent_kernel_hash(root: Path) -> str:
+    """The documented recipe, written again with os.walk: every ``*.py`` outside ``__pycache__``, by sorted
+    relative POSIX path, hashed as ``path NUL byte-length NUL bytes``."""
+    entries = []
+    for folder, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        for name in files:
+            if name.endswith(".py"):
+                path = Path(folder) / name
+                entries.append((path.relative_to(root).as_posix(), path.read_bytes()))
+    blob = b"".join(rel.encode() + b"\0" + str(len(data)).encode() + b"\0" + data for rel, data in sorted(entries))
+    return hashlib.sha256(blob).hexdigest()
+
+
 def test_kernel_src_hash_covers_the_real_kernels():
-    assert re.fullmatch(r"[0-9a-f]{64}", environment.kernel_src_sha256())
+    root = Path(__file__).resolve().parent.parent / "kernel_src"
+    assert environment.KERNEL_SRC.resolve() == root
+    expected = _independent_kernel_hash(root)
+    assert environment.kernel_src_sha256() == expected
+    assert (root / "reference.py").is_file() and len(list(root.rglob("*.py"))) >= 5  # the kernels are in it
+
+
+def test_kernel_src_hash_matches_sha256_of_the_recipe(tmp_path):
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "b.py").write_bytes(b"print(1)\n")
+    (tmp_path / "sub" / "a.py").write_bytes(b"")
+    want = hashlib.sha256(b"b.py\x009\x00print(1)\n" + b"sub/a.py\x000\x00").hexdigest()
+    assert environment.kernel_src_sha256(tmp_path) == want == _independent_kernel_hash(tmp_path)
 
 
 def test_bootstrap_defaults_to_the_running_versions(tmp_path):

@@ -6,6 +6,8 @@ Nothing here reaches Kaggle, PyPI or a TPU; the real steps run only on a Kaggle 
 from __future__ import annotations
 
 import json
+import os
+from importlib import metadata
 from pathlib import Path
 
 import jsonschema
@@ -123,7 +125,8 @@ def test_run_python_reports_failures_with_their_output():
 
 def test_the_versions_probe_reads_package_metadata():
     found = rk.probe_versions()
-    assert set(found) == {"jax", "jaxlib", "libtpu"} and found["jax"]
+    assert set(found) == {"jax", "jaxlib", "libtpu"}
+    assert (found["jax"], found["jaxlib"]) == (metadata.version("jax"), metadata.version("jaxlib"))
 
 
 def test_kernel_metadata_describes_a_tpu_script_kernel():
@@ -135,6 +138,30 @@ def test_kernel_metadata_describes_a_tpu_script_kernel():
     assert all(isinstance(meta[k], list) for k in ("dataset_sources", "competition_sources", "kernel_sources"))
 
 
-def test_the_smoke_test_is_valid_python():
-    compile(rk.SMOKE_TEST, "smoke", "exec")
-    compile(rk.VERSIONS_PROBE, "probe", "exec")
+def _cpu_env() -> dict:
+    return {**os.environ, "JAX_PLATFORMS": "cpu"}
+
+
+def _smoke_on_cpu(edit=lambda code: code) -> str:
+    """The smoke test with its TPU-only line dropped and its Pallas call in interpret mode (CPU)."""
+    guard = 'assert jax.default_backend() == "tpu"'
+    call = "pl.pallas_call(kernel, "
+    assert guard in rk.SMOKE_TEST and call in rk.SMOKE_TEST
+    lines = [line for line in rk.SMOKE_TEST.splitlines() if not line.startswith(guard)]
+    code = "\n".join(lines).replace(call, "pl.pallas_call(kernel, interpret=True, ")
+    return rk.run_python(["-c", edit(code)], timeout=300, env=_cpu_env())
+
+
+def test_the_smoke_test_refuses_a_host_without_a_tpu():
+    with pytest.raises(rk.StepFailed, match="backend is cpu, not tpu"):
+        rk.run_python(["-c", rk.SMOKE_TEST], timeout=300, env=_cpu_env())
+
+
+def test_the_smoke_test_runs_a_pallas_kernel_and_checks_its_result():
+    report = json.loads(_smoke_on_cpu().strip().splitlines()[-1])
+    assert report["devices"] >= 1 and report["device_kind"].lower() == "cpu"
+    # A kernel that computes something else is caught by the smoke test's own comparison.
+    kernel_line = "o_ref[...] = jnp.exp(x_ref[...]) * 2.0"
+    assert kernel_line in rk.SMOKE_TEST
+    with pytest.raises(rk.StepFailed, match="wrong Pallas result"):
+        _smoke_on_cpu(lambda code: code.replace(kernel_line, "o_ref[...] = jnp.exp(x_ref[...]) * 2.001"))
