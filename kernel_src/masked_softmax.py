@@ -6,10 +6,11 @@ of a TPU vreg and query rows its 8 sublanes. One grid step owns ``block_q`` quer
 normalised. The mask (bottom-right causal, ``kv_lengths`` padding, lane padding) is built inside
 the kernel from iotas and the per-batch key length, never read from a mask array in memory.
 
-Lowering: interpret mode on CPU, Mosaic on TPU (key lengths arrive by scalar prefetch into SMEM).
-On GPU the same kernels go through Pallas' Triton lowering with power-of-two tiles and the key
-lengths as an ordinary input; that path is only checked to lower (tests/test_tpu_lowering.py, on
-jaxlibs that ship the Triton lowering) and has never been compiled or run on a GPU.
+Lowering, chosen per platform when lowered (``kernel_src.backend.per_platform``): interpret mode
+on CPU, Mosaic on TPU (key lengths arrive by scalar prefetch into SMEM). On GPU the same kernels
+go through Pallas' Triton lowering with power-of-two tiles and the key lengths as an ordinary
+input; that path is only checked to lower (tests/test_tpu_lowering.py) and has never been
+compiled or run on a GPU.
 """
 
 from __future__ import annotations
@@ -91,11 +92,11 @@ def _next_power_of_two(x: int) -> int:
     return 1 << max(0, x - 1).bit_length()
 
 
-def _plan(logits: jax.Array, causal: bool, interpret: Any, blocks: SoftmaxBlockSizes
+def _plan(logits: jax.Array, causal: bool, target: str, interpret: Any, blocks: SoftmaxBlockSizes
           ) -> tuple[_Plan, int, int]:
-    """The call's plan and its padded ``(q_len, kv_len)``."""
+    """The call's plan for ``target`` (``backend.TARGETS``) and its padded ``(q_len, kv_len)``."""
     _, _, q_len, kv_len = logits.shape
-    gpu = backend.platform() == "gpu" and not interpret
+    gpu = target == "gpu"
     kv_pad = _round_up(max(kv_len, 1), blocks.block_k)
     row_multiple = SUBLANES * max(1, 4 // jnp.dtype(logits.dtype).itemsize)
     block_q = min(_round_up(blocks.block_q, row_multiple), _round_up(max(q_len, 1), row_multiple))
@@ -148,9 +149,16 @@ def _row_blocks(shape: tuple[int, ...], plan: _Plan, scalar_prefetch: bool):
     return grid, spec
 
 
+def _lowered(call, plan: _Plan):
+    """A compiled call lowered only for its platform (see ``backend.lowered_only_for``)."""
+    return backend.compiled_call(("cuda", "rocm") if plan.gpu else ("tpu",), call, plan.interpret)
+
+
 def _compiler_params(plan: _Plan):
-    if plan.gpu:
-        return None
+    if plan.gpu:  # naming Triton picks its lowering on every JAX (newer ones default to none)
+        from jax.experimental.pallas import triton as pltriton
+
+        return pltriton.CompilerParams()
     return pltpu.CompilerParams(dimension_semantics=("parallel", "parallel", "parallel"))
 
 
@@ -160,20 +168,24 @@ def _forward_call(logits: jax.Array, lengths: jax.Array, plan: _Plan) -> jax.Arr
     if plan.gpu:
         grid, spec = _row_blocks(logits.shape, plan, scalar_prefetch=False)
         lengths = jnp.pad(lengths, (0, _next_power_of_two(lengths.shape[0]) - lengths.shape[0]))
-        return pl.pallas_call(kernel, out_shape=out_shape, grid=grid, in_specs=[pl.BlockSpec(), spec],
-                              out_specs=spec, interpret=plan.interpret)(lengths, logits)
+        call = pl.pallas_call(kernel, out_shape=out_shape, grid=grid, in_specs=[pl.BlockSpec(), spec],
+                              out_specs=spec, compiler_params=_compiler_params(plan),
+                              interpret=plan.interpret)
+        return _lowered(call, plan)(lengths, logits)
     grid, spec = _row_blocks(logits.shape, plan, scalar_prefetch=True)
     grid_spec = pltpu.PrefetchScalarGridSpec(num_scalar_prefetch=1, grid=grid, in_specs=[spec],
                                              out_specs=spec)
-    return pl.pallas_call(kernel, out_shape=out_shape, grid_spec=grid_spec,
-                          compiler_params=_compiler_params(plan), interpret=plan.interpret)(lengths, logits)
+    call = pl.pallas_call(kernel, out_shape=out_shape, grid_spec=grid_spec,
+                          compiler_params=_compiler_params(plan), interpret=plan.interpret)
+    return _lowered(call, plan)(lengths, logits)
 
 
 def _backward_call(probs: jax.Array, dprobs: jax.Array, plan: _Plan) -> jax.Array:
     grid, spec = _row_blocks(probs.shape, plan, scalar_prefetch=False)
-    return pl.pallas_call(_backward_kernel, out_shape=jax.ShapeDtypeStruct(probs.shape, plan.dtype),
+    call = pl.pallas_call(_backward_kernel, out_shape=jax.ShapeDtypeStruct(probs.shape, plan.dtype),
                           grid=grid, in_specs=[spec, spec], out_specs=spec,
-                          compiler_params=_compiler_params(plan), interpret=plan.interpret)(probs, dprobs)
+                          compiler_params=_compiler_params(plan), interpret=plan.interpret)
+    return _lowered(call, plan)(probs, dprobs)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
@@ -201,9 +213,10 @@ def masked_softmax(logits: jax.Array, *, causal: bool = False, kv_lengths: jax.A
       logits: ``[batch, heads, q_len, kv_len]``, any float dtype.
       causal: bottom-right aligned causal mask: query ``i`` sees key ``j <= i + kv_len - q_len``.
       kv_lengths: optional int ``[batch]``; keys at or past ``kv_lengths[b]`` are padding.
-      interpret: ``None`` (interpret on CPU, compiled elsewhere), ``True``/``False``, or a
-        ``pltpu.InterpretParams`` for TPU interpret mode.
-      block_sizes: tiling; ``SoftmaxBlockSizes.for_platform()`` by default.
+      interpret: ``None``: chosen when lowered (interpret mode on CPU, Mosaic on TPU, Triton on
+        GPU); ``False``: compiled only (lowering for CPU raises); ``True`` or a
+        ``pltpu.InterpretParams``: interpret mode everywhere.
+      block_sizes: tiling; by default ``SoftmaxBlockSizes.for_platform(target)`` of each target.
 
     Returns:
       fp32 probabilities ``[batch, heads, q_len, kv_len]``; rows with no visible key are exact
@@ -222,10 +235,16 @@ def masked_softmax(logits: jax.Array, *, causal: bool = False, kv_lengths: jax.A
         if not jnp.issubdtype(kv_lengths.dtype, jnp.integer):
             raise TypeError(f"kv_lengths must be an integer array, got {kv_lengths.dtype}")
         lengths = kv_lengths.astype(jnp.int32)
-    interpret = backend.resolve_interpret(interpret)
-    blocks = block_sizes or SoftmaxBlockSizes.for_platform()
-    plan, q_pad, kv_pad = _plan(logits, causal, interpret, blocks)
-    if (q_pad, kv_pad) != (q_len, kv_len):
-        logits = jnp.pad(logits, ((0, 0), (0, 0), (0, q_pad - q_len), (0, kv_pad - kv_len)))
-    probs = _padded_softmax(logits, lengths, plan)
-    return probs[:, :, :q_len, :kv_len]
+
+    def build(target: str, interpret: Any):
+        blocks = block_sizes or SoftmaxBlockSizes.for_platform(target)
+        plan, q_pad, kv_pad = _plan(logits, causal, target, interpret, blocks)
+
+        def run(logits, lengths):
+            if (q_pad, kv_pad) != (q_len, kv_len):
+                logits = jnp.pad(logits, ((0, 0), (0, 0), (0, q_pad - q_len), (0, kv_pad - kv_len)))
+            return _padded_softmax(logits, lengths, plan)[:, :, :q_len, :kv_len]
+        return run
+
+    return backend.per_platform(build, interpret, jax.ShapeDtypeStruct(logits.shape, jnp.float32),
+                                logits, lengths)

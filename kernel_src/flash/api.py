@@ -22,6 +22,7 @@ from kernel_src.flash.plan import (LANES, FlashBlockSizes, Plan, fit_blocks, nex
 
 Variant = Literal["mosaic", "triton"]
 _LOWERINGS = {"mosaic": tpu, "triton": gpu}
+_FAMILY = {"tpu": "mosaic", "gpu": "triton"}  # the kernels each compiled target takes
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
@@ -88,12 +89,13 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
       kv_lengths: optional int ``[batch]``; keys at or past ``kv_lengths[b]`` are padding
         (values are clipped to ``[0, kv_len]``).
       scale: logit scale, ``head_dim ** -0.5`` by default.
-      block_sizes: tiles; ``FlashBlockSizes.for_platform()`` by default.
-      interpret: passed to ``pl.pallas_call``; ``True`` on CPU by default (see
-        ``kernel_src.backend.resolve_interpret``), e.g. ``pltpu.InterpretParams(...)`` for TPU
-        interpret mode.
+      block_sizes: tiles; by default ``FlashBlockSizes.for_platform(target)`` of each target.
+      interpret: ``None``: chosen when lowered (``kernel_src.backend.per_platform``): interpret
+        mode on CPU, Mosaic on TPU, Triton on GPU. ``False``: compiled only (lowering for CPU
+        raises). ``True`` or e.g. ``pltpu.InterpretParams(...)``: interpret mode everywhere.
       variant: ``"mosaic"`` (grid-carried accumulators, the TPU kernels) or ``"triton"``
-        (in-kernel loops, the GPU kernels); by default ``"triton"`` on GPU, else ``"mosaic"``.
+        (in-kernel loops, the GPU kernels). By default Triton on GPU, else Mosaic; when given,
+        the other family's platform refuses to lower, and interpret mode runs this family.
 
     Returns:
       ``[batch, q_len, num_q_heads, head_dim]`` in the input dtype. Rows with no visible key are
@@ -101,13 +103,21 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
     """
     dims = check_inputs(q, k, v, kv_lengths)
     scale = default_scale(dims.head_dim, scale)
-    interpret = backend.resolve_interpret(interpret)
-    if variant is None:
-        variant = "triton" if backend.platform() == "gpu" else "mosaic"
-    if variant not in ("mosaic", "triton"):
+    if variant not in (None, "mosaic", "triton"):
         raise ValueError(f"variant must be 'mosaic' or 'triton', got {variant!r}")
-    if block_sizes is None:
-        target = "cpu" if interpret else ("gpu" if variant == "triton" else "tpu")
-        block_sizes = FlashBlockSizes.for_platform(target)
-    return _flash_attention(q, k, v, kv_lengths, causal=bool(causal), scale=scale,
-                            block_sizes=block_sizes, interpret=interpret, variant=variant)
+
+    def build(target: str, interpret: Any):
+        family = variant or ("triton" if target == "gpu" else "mosaic")
+        compiled = target != "cpu"
+        if compiled and family != _FAMILY[target]:
+            raise backend.Unsupported(f"variant={family!r} has no {target} lowering")
+        blocks = block_sizes or FlashBlockSizes.for_platform(target)
+        try:
+            fit_blocks(blocks, dims.q_len, dims.kv_len, family, compiled)
+        except ValueError as error:
+            raise backend.Unsupported(str(error)) from None
+        return functools.partial(_flash_attention, causal=bool(causal), scale=scale,
+                                 block_sizes=blocks, interpret=interpret, variant=family)
+
+    return backend.per_platform(build, interpret, jax.ShapeDtypeStruct(q.shape, q.dtype),
+                                q, k, v, kv_lengths)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
+from kernel_src import backend
 from kernel_src.flash.plan import (F32, Plan, finish, first_query_block, key_in_range,
                                    num_key_blocks, online_softmax_step, score_grads, scores,
                                    visible_tile)
@@ -106,11 +107,12 @@ def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_re
 def _call(kernel, grid, in_specs, out_specs, out_shape, plan: Plan):
     from jax.experimental.pallas import triton as pltriton
 
-    return pl.pallas_call(
+    call = pl.pallas_call(
         kernel, grid=grid, in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         compiler_params=pltriton.CompilerParams(num_warps=4, num_stages=2),
         interpret=plan.interpret,
     )
+    return backend.compiled_call(("cuda", "rocm"), call, plan.interpret)
 
 
 def _query_specs(plan: Plan, block_q: int, d: int, kv_pad: int):

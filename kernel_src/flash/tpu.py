@@ -22,6 +22,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
+from kernel_src import backend
 from kernel_src.flash.plan import (F32, LANES, Plan, finish, first_query_block, key_in_range,
                                    num_key_blocks, online_softmax_step, score_grads, scores,
                                    visible_tile)
@@ -138,7 +139,7 @@ def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_re
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, semantics):
-    return pl.pallas_call(
+    call = pl.pallas_call(
         kernel,
         grid_spec=pltpu.PrefetchScalarGridSpec(
             num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
@@ -147,6 +148,7 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, sem
         compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
         interpret=plan.interpret,
     )
+    return backend.compiled_call(("tpu",), call, plan.interpret)
 
 
 def query_side_maps(plan: Plan, block_q: int, block_k: int):
