@@ -7,9 +7,17 @@ Three configs, each one parquet file per record under ``data/<config>/``:
   candidate of the grader-power summary where a record carries one.
 * ``environment``: one row per record: machine, versions, bootstrap history.
 
-The schemas are declared once, here (``FEATURES``); the builder writes its parquet with them.
-This file travels with the release, so it needs only the standard library, ``datasets`` and
-``pyarrow`` (``huggingface_hub``, a dependency of ``datasets``, only for the Hub route of ``load``).
+This file travels alone (datasets copies it into its modules cache), so it declares no schema and
+globs no folder: each config's files are listed in ``data/SHA256SUMS`` and fetched through the download
+manager relative to the dataset's base path (a local release, a checkout, a Hub repo at a revision);
+each file's sha256 is checked; the features are read from the parquet files' own Arrow schema, which
+the builder wrote from ``records.schema.FEATURES``. It needs only the standard library, ``datasets``
+and ``pyarrow`` (``huggingface_hub``, a dependency of ``datasets``, only for the Hub route of ``load``).
+
+With ``datasets`` 2.x/3.x::
+
+    load_dataset("OWNER/tpu-kernel-records", "benchmark", revision="v1.0.0", trust_remote_code=True)
+    load_dataset("path/to/release/tpu_kernel_records.py", "benchmark", trust_remote_code=True)
 
 ``datasets`` >= 4 no longer runs loading scripts through ``load_dataset``; use the builder directly::
 
@@ -31,7 +39,11 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+# These four equal records.schema's (a test keeps them so); this file cannot import the package.
+VERSION_STRING = "1.0.0"
 CONFIG_NAMES = ("benchmark", "correctness", "environment")
+CHECKSUMS = "SHA256SUMS"
+DATA = "data"  # the data folder, relative to the dataset's base path
 DEFAULT_CONFIG = "benchmark"
 LICENSE = "cc-by-nc-4.0"
 HOMEPAGE = "https://huggingface.co/datasets?search=tpu-kernel-records"
@@ -52,77 +64,41 @@ CITATION = """\
 }
 """
 
-_str, _int, _float, _bool = (datasets.Value(t) for t in ("string", "int64", "float64", "bool"))
-_RECORD = {"record_id": _str, "source": _str, "platform": _str, "interpret": _bool}
-
-FEATURES: dict[str, datasets.Features] = {
-    "benchmark": datasets.Features({
-        **_RECORD, "device_kind": _str, "device_count": _int, "profile": _str,
-        "case_id": _str, "scope": _str, "implementation": _str, "seq_len": _int,
-        "batch": _int, "q_len": _int, "kv_len": _int, "num_q_heads": _int, "num_kv_heads": _int,
-        "head_dim": _int, "dtype": _str, "causal": _bool, "padded": _bool, "devices_used": _int,
-        "status": _str, "error": _str, "warmups": _int, "samples_per_case": _int, "num_samples": _int,
-        "samples_ms": [_float],
-        "transfer_ms": _float, "lower_ms": _float, "compile_ms": _float,
-        "median_ms": _float, "min_ms": _float, "max_ms": _float, "q1_ms": _float, "q3_ms": _float,
-        "iqr_ms": _float,
-        "peak_memory_bytes": _int, "flops": _float, "bytes_moved": _float, "tflops": _float, "gbps": _float,
-        "peak_flops_fraction": _float, "peak_bandwidth_fraction": _float,
-        "baseline_case_id": _str, "ratio_to_baseline": _float, "ratio_ci_low": _float, "ratio_ci_high": _float,
-        "scaling_efficiency": _float,
-        "pairs": [{"baseline_case_id": _str, "ratio": _float, "ci_low": _float, "ci_high": _float, "devices": _int,
-                   "scaling_efficiency": _float}],
-        "stablehlo": _str, "stablehlo_tpu": _str,
-    }),
-    "correctness": datasets.Features({
-        **_RECORD, "seed": _int, "row_kind": _str,
-        "candidate": _str, "kind": _str, "measured": _bool, "candidate_passed": _bool, "score": _float,
-        "max_score": _float, "candidate_error": _str,
-        "check": _str, "passed": _bool, "points": _float, "max_points": _float, "detail": _str,
-        "error": _float, "tolerance": _float, "baseline_error": _float,
-        "trials": _int, "rejected": _int, "rejected_by": [{"check": _str, "count": _int}],
-        "expected": _str, "intended_checks": [_str], "rejected_by_intended": _int, "power_detail": _str,
-        "power_settings": _str,
-    }),
-    "environment": datasets.Features({
-        **_RECORD, "created_utc": _str, "profile": _str, "device_kind": _str, "device_count": _int,
-        "expected_device_count": _int, "devices_used": _int, "process_count": _int,
-        "jax": _str, "jaxlib": _str, "libtpu": _str, "gpu_plugin": _str, "python": _str, "numpy": _str,
-        "os": _str, "other_versions": [{"name": _str, "version": _str}],
-        "cpu_model": _str, "git_commit": _str, "kernel_src_sha256": _str,
-        "env_vars": [{"name": _str, "value": _str}],
-        "bootstrap": [{"jax": _str, "jaxlib": _str, "libtpu": _str, "outcome": _str, "error": _str}],
-        "notes": _str, "measured_candidate": _str, "checks": _int, "checks_passed": _int,
-        "cases": _int, "cases_ok": _int, "warmups": _int, "samples_per_case": _int,
-        "raw_files": [{"path": _str, "sha256": _str}],
-    }),
-}
-
-CHECKSUMS = "SHA256SUMS"
-VERSION = datasets.Version("1.0.0")
+VERSION = datasets.Version(VERSION_STRING)
 
 
 def resolve_data_dir(data_dir: str | Path | None = None) -> Path:
-    """The folder holding ``<config>/*.parquet``: ``data_dir`` itself, its ``data/``, or ``data/`` beside this file."""
+    """The folder holding ``SHA256SUMS`` and ``<config>/*.parquet``: ``data_dir`` itself, its ``data/``,
+    or ``data/`` beside this file."""
     root = Path(data_dir) if data_dir is not None else Path(__file__).resolve().parent
-    if not (root / DEFAULT_CONFIG).is_dir() and (root / "data").is_dir():
-        root = root / "data"
+    if not (root / CHECKSUMS).is_file() and (root / DATA).is_dir():
+        root = root / DATA
     return root
 
 
-def data_fingerprint(data_dir: Path) -> str:
-    """A short hash of the data: of ``SHA256SUMS`` when present, else of every parquet file's bytes.
+def data_fingerprint(data_dir: Path) -> str | None:
+    """A short hash of a local ``SHA256SUMS`` (None where there is none): it keys the ``datasets``
+    cache, so a prepared dataset is never served after the data changed."""
+    sums = Path(data_dir) / CHECKSUMS
+    return hashlib.sha256(sums.read_bytes()).hexdigest()[:16] if sums.is_file() else None
 
-    It keys the ``datasets`` cache, so a prepared dataset is never served after the data changed.
-    """
+
+def config_files(sums_text: str, config: str) -> dict[str, str]:
+    """``{path relative to data/: sha256}`` of ``config``'s parquet files, from ``SHA256SUMS`` text."""
+    files = {}
+    for line in sums_text.splitlines():
+        digest, sep, rel = line.partition("  ")
+        if sep and rel.startswith(f"{config}/") and rel.endswith(".parquet"):
+            files[rel] = digest
+    return dict(sorted(files.items()))
+
+
+def _sha256(path: str) -> str:
     digest = hashlib.sha256()
-    sums = data_dir / CHECKSUMS
-    if sums.is_file():
-        digest.update(sums.read_bytes())
-    else:
-        for path in sorted(data_dir.glob("*/*.parquet")):
-            digest.update(path.relative_to(data_dir).as_posix().encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()[:16]
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 class TpuKernelRecordsConfig(datasets.BuilderConfig):
@@ -130,7 +106,12 @@ class TpuKernelRecordsConfig(datasets.BuilderConfig):
 
 
 class TpuKernelRecords(datasets.ArrowBasedBuilder):
-    """Reads ``data/<config>/*.parquet`` from a local checkout or a downloaded Hub snapshot."""
+    """Reads ``data/<config>/*.parquet`` as listed in ``data/SHA256SUMS`` under the dataset's base path.
+
+    ``load_dataset`` passes the base path (the release folder or ``hf://datasets/...@revision``); used
+    directly, the base path is ``data_dir``'s release (``data_dir`` may be a release or its ``data/``),
+    else the folder of this file.
+    """
 
     VERSION = VERSION
     BUILDER_CONFIG_CLASS = TpuKernelRecordsConfig
@@ -138,22 +119,36 @@ class TpuKernelRecords(datasets.ArrowBasedBuilder):
                        for name in CONFIG_NAMES]
     DEFAULT_CONFIG_NAME = DEFAULT_CONFIG
 
-    def __init__(self, *args: Any, data_dir: str | Path | None = None, hash: str | None = None, **kwargs: Any):
-        root = resolve_data_dir(data_dir)
-        super().__init__(*args, data_dir=str(root), hash=hash or data_fingerprint(root), **kwargs)
+    def __init__(self, *args: Any, data_dir: str | Path | None = None, base_path: str | None = None,
+                 hash: str | None = None, **kwargs: Any):
+        if base_path is None or data_dir is not None:
+            local = resolve_data_dir(data_dir)
+            base_path, hash = str(local.parent), hash or data_fingerprint(local)
+            self._data = local.name
+        else:
+            self._data = DATA
+        super().__init__(*args, base_path=base_path, hash=hash, **kwargs)
 
     def _info(self) -> datasets.DatasetInfo:
         return datasets.DatasetInfo(description=DESCRIPTION, citation=CITATION, homepage=HOMEPAGE,
-                                    license=LICENSE, features=FEATURES[self.config.name])
+                                    license=LICENSE)
 
     def _split_generators(self, dl_manager: Any) -> list[datasets.SplitGenerator]:
-        files = sorted(Path(self.config.data_dir, self.config.name).glob("*.parquet"))
-        if not files:
-            raise FileNotFoundError(f"no parquet files under {Path(self.config.data_dir, self.config.name)}")
-        return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"files": files})]
+        sums_path = dl_manager.download(f"{self._data}/{CHECKSUMS}")
+        with open(sums_path, encoding="utf-8") as f:
+            listed = config_files(f.read(), self.config.name)
+        if not listed:
+            raise FileNotFoundError(f"{CHECKSUMS} lists no parquet file of config {self.config.name!r}")
+        local = dl_manager.download([f"{self._data}/{rel}" for rel in listed])
+        for (rel, digest), path in zip(listed.items(), local):
+            if _sha256(path) != digest:
+                raise OSError(f"{DATA}/{rel}: sha256 differs from {CHECKSUMS}; the download is damaged or stale")
+        if self.info.features is None:
+            self.info.features = datasets.Features.from_arrow_schema(pq.read_schema(local[0]))
+        return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"files": local})]
 
-    def _generate_tables(self, files: list[Path]) -> Iterator[tuple[Any, pa.Table]]:
-        schema = FEATURES[self.config.name].arrow_schema
+    def _generate_tables(self, files: list[str]) -> Iterator[tuple[Any, pa.Table]]:
+        schema = self.info.features.arrow_schema
         key = getattr(datasets.builder, "Key", lambda shard, batch: (shard, batch))
         for shard, path in enumerate(files):
             for batch, record_batch in enumerate(pq.ParquetFile(path).iter_batches()):

@@ -5,20 +5,27 @@ per config for each new record, figure, card sections, checksums), verified, and
 in by renames; the card is replaced right after. Any refusal or failure leaves data/ and the card
 untouched. Old records' files are carried over as they are: a new record never rewrites an old one.
 Building with no runs regenerates every derived file from data/raw (after a builder change).
+Builds of one data folder are serialised by a lock file (``filelock``; in the temp folder, named by
+the data folder's path),
+held from reading the current state to the swap, so two builds at once cannot lose a record.
+Every file of a run is scanned for secret-shaped values (``records.secrets``) before it is accepted.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import tempfile
 from pathlib import Path
 from typing import Sequence
 
+from filelock import FileLock, Timeout
 from tqdm.auto import tqdm
 
 from records import rawio
-from tpu_kernel_records import CHECKSUMS, CONFIG_NAMES
+from records.secrets import scan_file
+from records.schema import CHECKSUMS, CONFIG_NAMES
 
 from . import card
 from .derive import CARD_SUM, RAW, card_sum_text, checksums_text, derive, record_ids
@@ -36,12 +43,21 @@ class BuildError(RuntimeError):
         super().__init__(f"[{rule}] {where}: {message}")
 
 
+LOCK_TIMEOUT_S = 600
+
+
 def _read(run_dir: Path, allow_interpret: bool) -> Accepted:
     try:
-        return accept(rawio.read_run(run_dir), allow_interpret=allow_interpret)
+        acc = accept(rawio.read_run(run_dir), allow_interpret=allow_interpret)
     except rawio.RunError as e:
         file = e.file if Path(e.file).is_absolute() or e.file == str(run_dir) else str(run_dir / e.file)
         raise BuildError(e.rule, file, e.field, str(e).split(": ", 1)[-1]) from e
+    for rel in [rawio.MANIFEST, *acc.run["manifest"]["files"]]:
+        found = scan_file(rel, (run_dir / rel).read_bytes())
+        if found:
+            raise BuildError("secret", str(run_dir / rel), None,
+                             f"holds a value shaped like a {', '.join(found)}; remove it and re-measure")
+    return acc
 
 
 def _copy_run(run_dir: Path, accepted: Accepted, dest: Path) -> None:
@@ -78,9 +94,22 @@ def build(run_dirs: Sequence[Path | str] = (), data_dir: Path | str = "data", ca
     card_path = Path(card_path) if card_path is not None else default_card(data_dir)
     if not card_path.is_file():
         raise BuildError("card", str(card_path), None, "the dataset card (with its marker comments) is missing")
+    data_dir.parent.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:16]
+    lock = FileLock(str(Path(tempfile.gettempdir()) / f"tpu-kernel-records-build-{key}.lock"))
+    try:
+        with lock.acquire(timeout=LOCK_TIMEOUT_S):
+            return _build_locked(paths=[Path(p) for p in run_dirs], data_dir=data_dir, card_path=card_path,
+                                 allow_interpret=allow_interpret, replace=replace, progress=progress)
+    except Timeout:
+        raise BuildError("lock", lock.lock_file, None,
+                         f"another build of {data_dir} held the lock for {LOCK_TIMEOUT_S} s") from None
+
+
+def _build_locked(*, paths: list[Path], data_dir: Path, card_path: Path, allow_interpret: bool, replace: bool,
+                  progress: bool) -> list[str]:
     existing = set(record_ids(data_dir))
     accepted: dict[str, tuple[Path, Accepted]] = {}
-    paths = [Path(p) for p in run_dirs]
     for run_dir in tqdm(paths, desc="checking runs", unit="run", disable=not progress or len(paths) < 2):
         acc = _read(run_dir, allow_interpret)
         where = str(run_dir / rawio.MANIFEST)
@@ -91,7 +120,6 @@ def build(run_dirs: Sequence[Path | str] = (), data_dir: Path | str = "data", ca
                              f"record {acc.record_id!r} already exists in {data_dir}; pass --replace to replace it")
         accepted[acc.record_id] = (run_dir, acc)
 
-    data_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{data_dir.name}.build-", dir=data_dir.parent))
     new = tmp / data_dir.name
     card_tmp = card_path.with_name(f".{card_path.name}.build-{os.getpid()}")

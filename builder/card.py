@@ -18,7 +18,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from tpu_kernel_records import CONFIG_NAMES, FEATURES
+from records.schema import CONFIG_NAMES, FEATURES
 
 FIGURE = "figures/pallas_xla_ratio.png"  # relative to data/
 FIGURE_KEY = "tpu-kernel-records-data-sha256"
@@ -70,11 +70,23 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
 
 def dataset_info(tables: dict[str, pa.Table]) -> str:
-    """The ``dataset_info`` YAML: features of each config (from ``FEATURES``), its rows and Arrow bytes."""
-    infos = [{"config_name": name, "features": FEATURES[name]._to_yaml_list(),
-              "splits": [{"name": "train", "num_bytes": tables[name].nbytes, "num_examples": tables[name].num_rows}],
-              "dataset_size": tables[name].nbytes} for name in CONFIG_NAMES]
-    return yaml.safe_dump({"dataset_info": infos}, sort_keys=False, default_flow_style=False, width=1000)
+    """The ``dataset_info`` YAML of the card: each config's features (from ``records.schema.FEATURES``),
+    rows and Arrow bytes, written by ``datasets``' own ``DatasetInfosDict.to_dataset_card_data``."""
+    import datasets
+    from datasets.info import DatasetInfosDict
+    from huggingface_hub import DatasetCardData
+
+    infos = DatasetInfosDict()
+    for name in CONFIG_NAMES:
+        splits = datasets.SplitDict()
+        splits.add(datasets.SplitInfo(name="train", num_bytes=tables[name].nbytes,
+                                      num_examples=tables[name].num_rows))
+        infos[name] = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(FEATURES[name]),
+                                           splits=splits, dataset_size=tables[name].nbytes)
+    card_data = DatasetCardData()
+    infos.to_dataset_card_data(card_data)
+    return yaml.safe_dump({"dataset_info": card_data["dataset_info"]}, sort_keys=False,
+                          default_flow_style=False, width=1000)
 
 
 def records(environment: pa.Table) -> str:
@@ -88,20 +100,47 @@ def records(environment: pa.Table) -> str:
                    "Cases ok", "Checks passed (measured kernel)", "Interpret mode"], rows)
 
 
+def _needed_k(detail: dict[str, Any] | None) -> str | None:
+    if not detail:
+        return None
+    if detail.get("min_k_to_pass_tolerances") is not None:
+        return f"{detail['min_k_to_pass_tolerances']:.3g}"
+    ks = [c["needed_k"] for c in detail.get("calibration") or [] if c["needed_k"] is not None]
+    return f"{max(ks):.3g}" if ks else None
+
+
+def _power_settings(record_id: str, platform: str, s: dict[str, Any]) -> str:
+    policy = s["policy"] or {}
+    seeds = (f"{s['seeds']} seeds ({s['first_seed']}..{s['first_seed'] + s['seeds'] - 1})"
+             if s["seeds"] is not None and s["first_seed"] is not None else f"{s['seeds']} seeds")
+    shapes = ", ".join(f"{sh['name']} {sh['batch']}x{sh['q_len']}x{sh['kv_len']} "
+                       f"{sh['num_q_heads']}/{sh['num_kv_heads']} heads d{sh['head_dim']}" for sh in s["shapes"] or [])
+    totals = []
+    if s["correct_trials"] is not None:
+        totals.append(f"false rejects {s['false_rejects']} of {s['correct_trials']} correct trials")
+    if s["bad_trials"] is not None:
+        totals.append(f"missed {s['missed_bad']} of {s['bad_trials']} known-bad trials")
+    return (f"Record `{record_id}` (measured on {platform}: the grader's numerics, not kernel speed): {seeds}; "
+            f"shapes {shapes or '—'}; tolerance k forward {_cell(policy.get('k_forward'))}, gradient "
+            f"{_cell(policy.get('k_gradient'))}, floor {_cell(policy.get('floor'))}"
+            + (f"; {'; '.join(totals)}" if totals else "") + ".\n")
+
+
 def power(correctness: pa.Table) -> str:
+    """The grader-power table: per candidate, trials, rejections (rate and by which check), needed k."""
     rows = [r for r in correctness.to_pylist() if r["row_kind"] == "power"]
     if not rows:
         return "_No record carries a grader-power summary yet._\n"
-    out = []
+    out, settings = [], {}
     for r in rows:
         rate = f"{r['rejected'] / r['trials']:.0%}" if r["trials"] and r["rejected"] is not None else None
         by = ", ".join(f"{b['check']}: {b['count']}" for b in r["rejected_by"]) or None
         out.append([f"`{r['record_id']}`", r["candidate"], r["kind"], r["expected"], r["trials"], r["rejected"],
-                    rate, by])
-    text = _table(["Record", "Candidate", "Kind", "Expected", "Trials", "Rejected", "Rejection rate", "Rejected by"],
-                  out)
-    settings = sorted({(r["record_id"], r["power_settings"]) for r in rows})
-    return text + "\n" + "".join(f"Settings of `{rid}`: `{s}`\n\n" for rid, s in settings).rstrip("\n") + "\n"
+                    rate, by, _needed_k(r["power_detail"])])
+        settings.setdefault(r["record_id"], (r["platform"], r["power_settings"]))
+    text = _table(["Record", "Candidate", "Kind", "Expected", "Trials", "Rejected", "Rejection rate", "Rejected by",
+                   "Needed k"], out)
+    return text + "\n" + "\n".join(_power_settings(rid, *settings[rid]) for rid in sorted(settings))
 
 
 def ratio_series(benchmark: pa.Table) -> list[dict[str, Any]]:

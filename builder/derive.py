@@ -18,7 +18,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from records import rawio
-from tpu_kernel_records import CHECKSUMS, CONFIG_NAMES, FEATURES
+from records.schema import CHECKSUMS, CONFIG_NAMES, FEATURES
 
 from . import card
 from .rules import Accepted, accept
@@ -71,7 +71,7 @@ def derive(data_dir: Path, accepted: dict[str, Accepted] | None = None) -> Deriv
             accepted[record_id] = read_record(data_dir, record_id)
     records = {rid: record_tables(accepted[rid]) for rid in sorted(accepted)}
     combined = {name: pa.concat_tables([records[rid][name] for rid in records])
-                if records else FEATURES[name].arrow_schema.empty_table() for name in CONFIG_NAMES}
+                if records else FEATURES[name].empty_table() for name in CONFIG_NAMES}
     digest = card.figure_digest(card.ratio_series(combined["benchmark"]))
     return Derived(records, combined, digest, card.sections(combined))
 

@@ -10,7 +10,11 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
 * a ``published-summary`` (a card transcribed by hand) carries medians only: no samples, no
   min/max/quartiles, no confidence intervals;
 * every pair names cases of the run, once, and has a positive ratio;
-* a CPU or interpret-mode run only with ``allow_interpret``; every row of its tables then says so.
+* a CPU or interpret-mode run only with ``allow_interpret``; every row of its tables then says so;
+* every recorded environment variable is on the allow-list (``records.secrets``): one outside it is
+  refused, not dropped;
+* a ``measured`` run holds every case and pair of its profile and scopes, and every derived number
+  follows from its samples and shapes (``builder.recompute``).
 
 A refusal raises ``rawio.RunError`` naming the rule, the file and the field.
 """
@@ -23,6 +27,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from records.rawio import RunError
+from records.secrets import env_var_allowed
+
+from .recompute import check_measured
 
 # Devices a single-host TPU slice shows to JAX, by TPU_ACCELERATOR_TYPE (v4/v5p count two
 # TensorCores per chip in the name; JAX shows one device per chip).
@@ -80,6 +87,10 @@ def _check_consistency(run: dict[str, Any]) -> None:
         if run["benchmark"][field] != env[field]:
             raise RunError("consistency", "benchmark.json", field,
                            f"{run['benchmark'][field]!r} differs from environment.json's {env[field]!r}")
+    for i, case in enumerate(run["benchmark"]["cases"]):
+        if case["interpret"] and env["platform"] != "cpu":
+            raise RunError("interpret", "benchmark.json", f"cases/{i}/interpret",
+                           f"case {case['case_id']!r} says interpret mode on a {env['platform']} run")
     if env["devices_used"] > env["device_count"]:
         raise RunError("devices", "environment.json", "devices_used",
                        f"{env['devices_used']} used but only {env['device_count']} visible")
@@ -216,6 +227,13 @@ def accept(run: dict[str, Any], *, allow_interpret: bool = False) -> Accepted:
         raise RunError("slice-devices", "environment.json", "device_count",
                        f"{env['device_count']} devices visible, but the slice has {expected}: "
                        "a TPU run must show every device of its slice")
+    for name in env["env_vars"]:
+        if not env_var_allowed(name):
+            raise RunError("env-allow-list", "environment.json", f"env_vars/{name}",
+                           "not on the environment allow-list (records.secrets); a run records only "
+                           "allow-listed variables, so this one is refused rather than dropped")
     _check_correctness(run["correctness"])
     _check_benchmark(benchmark, set(run["manifest"]["files"]))
+    if benchmark["source"] == "measured":
+        check_measured(run)
     return Accepted(env["run_id"], run, interpret, expected)

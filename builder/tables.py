@@ -1,4 +1,4 @@
-"""An accepted run as one Arrow table per config, with the schemas declared in ``tpu_kernel_records``.
+"""An accepted run as one Arrow table per config, with the schemas declared in ``records.schema``.
 
 Row layouts:
 
@@ -9,8 +9,10 @@ Row layouts:
 * correctness: ``row_kind="check"``: one row per candidate x check (a candidate that could not be
   graded gets one row with ``check=null``); ``row_kind="power"``: one row per candidate of the
   grader-power summary (``trials``, ``rejected``, ``rejected_by``, ``expected``, ``intended_checks``,
-  ``rejected_by_intended``; its other fields in ``power_detail``), the summary's settings and totals
-  in ``power_settings``, both as canonical JSON.
+  ``rejected_by_intended``; its other fields in the struct ``power_detail``), the summary's settings
+  and totals in the struct ``power_settings``. Keys without a field of their own go to ``other`` as
+  ``{name, json}`` (canonical JSON), so nothing of the summary is lost.
+* environment: ``created_utc`` a UTC timestamp (null where the source states no time).
 * environment: one row per record, bootstrap attempts as a list of structs.
 
 Every row carries ``record_id``, ``source``, ``platform`` and ``interpret``.
@@ -18,13 +20,14 @@ Every row carries ``record_id``, ``source``, ``platform`` and ``interpret``.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tpu_kernel_records import CONFIG_NAMES, FEATURES
+from records.schema import CONFIG_NAMES, FEATURES
 
 from .rules import Accepted
 
@@ -35,6 +38,40 @@ POWER_COLUMNS = ("candidate", "kind", "trials", "rejected", "rejected_by", "expe
 
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def _other(mapping: dict[str, Any], known: set[str]) -> list[dict[str, str]]:
+    return [{"name": k, "json": _json(mapping[k])} for k in sorted(mapping) if k not in known]
+
+
+def power_settings(power: dict[str, Any]) -> dict[str, Any]:
+    """The ``power_settings`` struct of a grader-power summary (see ``records.schema.POWER_SETTINGS``)."""
+    policy = power.get("policy") or {}
+    k, floor = policy.get("k") or {}, policy.get("floor") or {}
+    counts = ("seeds", "first_seed", "false_rejects", "correct_trials", "missed_bad", "bad_trials")
+    return {**{key: power.get(key) for key in counts},
+            "shapes": power.get("shapes"), "dtypes": power.get("dtypes"), "checks": power.get("checks"),
+            "policy": {"k_forward": k.get("forward"), "k_gradient": k.get("gradient"), "floor": floor.get("value"),
+                       "floor_float32_eps_multiple": floor.get("float32_eps_multiple"), "rule": policy.get("rule")},
+            "other": _other(power, {*counts, "shapes", "dtypes", "checks", "policy", "candidates"})}
+
+
+def power_detail(entry: dict[str, Any]) -> dict[str, Any]:
+    """The ``power_detail`` struct of one candidate of a grader-power summary."""
+    calibration = entry.get("calibration") or {}
+    own = ("seconds_per_trial", "load_error", "min_k_to_pass_tolerances")
+    return {**{key: entry.get(key) for key in own},
+            "calibration": [{"key": key, **{f: calibration[key].get(f)
+                                            for f in ("max_ratio", "needed_k", "needed_floor_eps")}}
+                            for key in sorted(calibration)],
+            "other": _other(entry, {*POWER_COLUMNS, *own, "calibration"})}
+
+
+def utc_time(text: str | None) -> dt.datetime | None:
+    """An RFC 3339 time (``...Z`` or with an offset) as an aware UTC datetime; None stays None."""
+    if text is None:
+        return None
+    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.timezone.utc)
 
 
 def _common(acc: Accepted) -> dict[str, Any]:
@@ -91,10 +128,9 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
         rows += [{**base, **candidate, **check, **empty_power} for check in checks or [empty_check]]
     power = doc["power"]
     if power is not None:
-        settings = _json({k: v for k, v in power.items() if k != "candidates"})
+        settings = power_settings(power)
         for entry in power["candidates"]:
             by = entry.get("rejected_by") or {}
-            detail = {k: v for k, v in entry.items() if k not in POWER_COLUMNS}
             rows.append({
                 **base, **empty_check, "row_kind": "power", "candidate": entry["candidate"],
                 "kind": entry.get("kind"), "measured": entry["candidate"] == doc["measured_candidate"],
@@ -103,7 +139,7 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
                 "rejected_by": [{"check": name, "count": by[name]} for name in sorted(by)],
                 "expected": entry.get("expected"), "intended_checks": entry.get("intended_checks"),
                 "rejected_by_intended": entry.get("rejected_by_intended"),
-                "power_detail": _json(detail) if detail else None, "power_settings": settings,
+                "power_detail": power_detail(entry), "power_settings": settings,
             })
     return rows
 
@@ -115,7 +151,8 @@ def environment_rows(acc: Accepted) -> list[dict[str, Any]]:
     measured = [c for card in doc["scorecards"] if card["candidate"] == doc["measured_candidate"]
                 for c in card["checks"]]
     return [{
-        **_common(acc), **{k: env[k] for k in ("created_utc", "profile", "device_kind", "device_count")},
+        **_common(acc), "created_utc": utc_time(env["created_utc"]),
+        **{k: env[k] for k in ("profile", "device_kind", "device_count")},
         "expected_device_count": acc.expected_device_count,
         **{k: env[k] for k in ("devices_used", "process_count")},
         **{k: versions[k] for k in main},
@@ -137,11 +174,11 @@ ROWS = {"benchmark": benchmark_rows, "correctness": correctness_rows, "environme
 
 def record_tables(acc: Accepted) -> dict[str, pa.Table]:
     """The record's table for each config, with that config's declared Arrow schema."""
-    return {name: pa.Table.from_pylist(ROWS[name](acc), schema=FEATURES[name].arrow_schema)
+    return {name: pa.Table.from_pylist(ROWS[name](acc), schema=FEATURES[name])
             for name in CONFIG_NAMES}
 
 
 def write_parquet(table: pa.Table, path: str) -> None:
-    """Deterministic parquet: fixed row groups, compression and statistics; no timestamps."""
+    """Deterministic parquet: fixed row groups, compression and statistics, standard nested lists."""
     pq.write_table(table, path, row_group_size=ROW_GROUP_SIZE, compression="zstd", compression_level=3,
-                   use_dictionary=True, write_statistics=True, use_compliant_nested_type=False)
+                   use_dictionary=True, write_statistics=True)

@@ -1,7 +1,8 @@
 """Verify a data folder: checksums, parquet schemas, tables regenerated from raw, the card's generated parts.
 
 Problems are returned as a list of lines (empty means the release is consistent); any single edited
-byte under data/ or in the card shows up as at least one problem.
+byte under data/ or in the card shows up as at least one problem, and so does any value shaped like
+a credential in any file (``records.secrets``).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 
 from records import rawio
-from tpu_kernel_records import CHECKSUMS, CONFIG_NAMES, FEATURES
+from records.secrets import scan_file
+from records.schema import CHECKSUMS, CONFIG_NAMES, FEATURES
 
 from . import card
 from .derive import CARD_SUM, RAW, Derived, card_sum_text, data_files, derive, record_ids
@@ -61,8 +63,8 @@ def _tables(data_dir: Path, derived: Derived) -> list[str]:
         except Exception as e:  # any unreadable file is a problem to report, not a crash
             problems.append(f"{rel}: unreadable parquet ({e})")
             continue
-        if not table.schema.equals(FEATURES[name].arrow_schema, check_metadata=True):
-            problems.append(f"{rel}: schema differs from tpu_kernel_records.FEATURES[{name!r}]")
+        if not table.schema.equals(FEATURES[name], check_metadata=True):
+            problems.append(f"{rel}: schema differs from records.schema.FEATURES[{name!r}]")
         elif not table.equals(derived.records[rid][name]):
             problems.append(f"{rel}: rows differ from the table regenerated from {RAW}/{rid}")
         if any(parquet.metadata.row_group(i).num_rows > ROW_GROUP_SIZE for i in range(parquet.num_row_groups)):
@@ -104,10 +106,28 @@ def _card(data_dir: Path, card_path: Path, derived: Derived) -> list[str]:
     return problems
 
 
+def secrets(data_dir: Path, card_path: Path | None = None) -> list[str]:
+    """Every file of the release (parquet cells, raw JSON, gzipped evidence, the card) that holds a
+    value shaped like a credential; names the file and the kind, never the value."""
+    paths = [data_dir / rel for rel in [*data_files(data_dir), CHECKSUMS] if (data_dir / rel).is_file()]
+    if card_path is not None and card_path.is_file():
+        paths.append(card_path)
+    problems = []
+    for path in paths:
+        try:
+            found = scan_file(path.name, path.read_bytes())
+        except Exception:  # an unreadable parquet is reported by _tables; scan its bytes instead
+            found = scan_file(path.name + ".bytes", path.read_bytes())
+        if found:
+            shown = path.relative_to(data_dir).as_posix() if path.is_relative_to(data_dir) else path.name
+            problems.append(f"{shown}: holds a value shaped like a {', '.join(found)} (secret scan)")
+    return problems
+
+
 def check(data_dir: Path, card_path: Path, derived: Derived) -> list[str]:
     """Every problem of ``data_dir`` and ``card_path`` against ``derived`` (what data/raw implies)."""
-    return (_checksums(data_dir) + _tables(data_dir, derived) + _figure(data_dir, derived)
-            + _card(data_dir, card_path, derived))
+    return (_checksums(data_dir) + secrets(data_dir, card_path) + _tables(data_dir, derived)
+            + _figure(data_dir, derived) + _card(data_dir, card_path, derived))
 
 
 def verify(data_dir: Path | str = "data", card_path: Path | str | None = None) -> list[str]:
@@ -118,7 +138,7 @@ def verify(data_dir: Path | str = "data", card_path: Path | str | None = None) -
         return [f"{data_dir}: not a folder"]
     if not record_ids(data_dir):
         return [f"{data_dir / RAW}: no records"]
-    problems = _checksums(data_dir)
+    problems = _checksums(data_dir) + secrets(data_dir, card_path)
     try:
         derived = derive(data_dir)
     except rawio.RunError as e:

@@ -1,8 +1,9 @@
 """Synthetic, schema-valid run folders for tests. SYNTHETIC TEST DATA: never a measurement.
 
 Every number here is made up by a formula so the builder can be exercised without hardware; the
-runs say so in their profile (``synthetic-test``) and notes, and must never be built into the
-repository's data/.
+runs say so in their notes (and jax version ``0.0.0-synthetic``), and must never be built into the
+repository's data/. Their cases are the ``tiny`` profile's, with every derived number computed from
+the made-up samples as the benchmark computes it, so only a deliberate edit makes the builder object.
 """
 
 from __future__ import annotations
@@ -13,41 +14,57 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
+from bench import roofline, stats
+from bench.cases import build_cases, get_profile
 from records import rawio
 
 SYNTHETIC = "SYNTHETIC TEST DATA: made up by tests/release_fixtures.py, not a measurement."
 
 
-def _case(scope: str, impl: str, seq: int, scale: float, samples: int, interpret: bool) -> dict[str, Any]:
-    times = [round(scale * seq / 16 * (1 + 0.01 * i), 6) for i in range(samples)]
-    ordered = sorted(times)
-    return {
-        "case_id": f"{scope}-{impl}-s{seq}", "scope": scope, "implementation": impl, "seq_len": seq,
-        "shape": {"batch": 1, "q_len": seq, "kv_len": seq, "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 8},
-        "dtype": "bfloat16", "causal": True, "padded": False, "devices_used": 1, "status": "ok", "error": None,
-        "interpret": interpret, "transfer_ms": 0.01, "lower_ms": 1.0, "compile_ms": 2.0, "samples_ms": times,
-        "median_ms": ordered[len(ordered) // 2], "min_ms": ordered[0], "max_ms": ordered[-1],
-        "q1_ms": ordered[0], "q3_ms": ordered[-1], "iqr_ms": round(ordered[-1] - ordered[0], 6),
-        "peak_memory_bytes": 1024, "flops": 4.0 * seq * seq, "bytes_moved": 64.0 * seq, "tflops": None,
-        "gbps": None, "peak_flops_fraction": None, "peak_bandwidth_fraction": None,
-        "stablehlo": None, "stablehlo_tpu": None,
-    }
+PROFILE = "tiny"  # a real profile: the builder checks the run against it
+SCOPES = ("softmax", "attention")
+SEED = 0
+
+
+def _times(case_id: str, samples: int) -> list[float]:
+    scale = 1.5 if "pallas" in case_id else 1.0
+    return [round(scale * (1 + 0.01 * i) + 0.001 * len(case_id), 6) for i in range(samples)]
+
+
+def cases_and_pairs(platform: str, device_kind: str, samples: int, interpret: bool, scopes=SCOPES
+                    ) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The profile's cases with made-up samples, every derived number computed as the benchmark does."""
+    expected, pairs = build_cases(get_profile(PROFILE), scopes, platform=platform)
+    cases = []
+    for c in expected:
+        times = _times(c.case_id, samples)
+        summary = stats.summarize(times)
+        cases.append({
+            "case_id": c.case_id, "scope": c.scope, "implementation": c.implementation, "seq_len": c.seq_len,
+            "shape": dict(c.shape), "dtype": c.dtype, "causal": c.causal, "padded": c.padded, "devices_used": 1,
+            "status": "ok", "error": None, "interpret": c.interpret and interpret, "transfer_ms": 0.01,
+            "lower_ms": 1.0, "compile_ms": 2.0, "samples_ms": times, **summary, "peak_memory_bytes": 1024,
+            "flops": c.flops, "bytes_moved": c.bytes_moved,
+            **roofline.rates(c.flops, c.bytes_moved, summary["median_ms"], device_kind, 1),
+            "stablehlo": None, "stablehlo_tpu": None})
+    by_id = {c["case_id"]: c for c in cases}
+    records = []
+    for p in pairs:
+        ratio, low, high = stats.ratio_of_medians(by_id[p.numerator]["samples_ms"], by_id[p.denominator]["samples_ms"],
+                                                  seed=SEED, key=f"{p.numerator}/{p.denominator}")
+        records.append({"scope": p.scope, "seq_len": p.seq_len, "numerator": p.numerator,
+                        "denominator": p.denominator, "ratio": ratio, "ci_low": low, "ci_high": high})
+    return cases, records
 
 
 def documents(run_id: str = "synthetic-cpu", *, platform: str = "cpu", interpret: bool = True,
               device_kind: str = "cpu", device_count: int = 1, env_vars: dict[str, str] | None = None,
-              samples: int = 3, power: bool = True) -> dict[str, Any]:
+              samples: int = 3, power: bool = True, scopes: tuple[str, ...] = SCOPES) -> dict[str, Any]:
     """The three documents of a synthetic run (see the module docstring)."""
     common = {"format_version": 1, "run_id": run_id, "source": "measured"}
-    cases, pairs = [], []
-    for scope in ("softmax", "attention"):
-        for seq in (16, 32):
-            cases += [_case(scope, "xla", seq, 1.0, samples, interpret),
-                      _case(scope, "pallas", seq, 1.5, samples, interpret)]
-            pairs.append({"scope": scope, "seq_len": seq, "numerator": f"{scope}-pallas-s{seq}",
-                          "denominator": f"{scope}-xla-s{seq}", "ratio": 1.5, "ci_low": 1.4, "ci_high": 1.6})
+    cases, pairs = cases_and_pairs(platform, device_kind, samples, interpret, scopes)
     environment = {
-        **common, "created_utc": "2026-01-01T00:00:00Z", "profile": "synthetic-test", "platform": platform,
+        **common, "created_utc": "2026-01-01T00:00:00Z", "profile": PROFILE, "platform": platform,
         "device_kind": device_kind, "device_count": device_count, "devices_used": 1, "process_count": 1,
         "interpret": interpret,
         "versions": {"jax": "0.0.0-synthetic", "jaxlib": "0.0.0-synthetic", "libtpu": None, "gpu_plugin": None,
@@ -56,7 +73,7 @@ def documents(run_id: str = "synthetic-cpu", *, platform: str = "cpu", interpret
         "bootstrap": [{"jax": "0.0.0-synthetic", "jaxlib": None, "libtpu": None, "outcome": "used", "error": None}],
         "notes": SYNTHETIC,
     }
-    benchmark = {**common, "profile": "synthetic-test", "platform": platform, "interpret": interpret,
+    benchmark = {**common, "profile": PROFILE, "platform": platform, "interpret": interpret,
                  "warmups": 1, "samples_per_case": samples, "cases": cases, "pairs": pairs}
 
     def card(candidate: str, kind: str, passed: bool) -> dict[str, Any]:
@@ -78,7 +95,7 @@ def documents(run_id: str = "synthetic-cpu", *, platform: str = "cpu", interpret
                                  "seconds_per_trial": 0.5},
                                 {"candidate": "reference", "kind": "reference", "trials": 4, "rejected": 0,
                                  "rejected_by": {}}]}
-    correctness = {**common, "seed": 0, "measured_candidate": "pallas",
+    correctness = {**common, "seed": SEED, "measured_candidate": "pallas",
                    "scorecards": [card("reference", "reference", True), card("pallas", "kernel", True),
                                   card("ignores-causal", "known-bad", False)],
                    "power": power_doc if power else None}

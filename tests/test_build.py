@@ -19,7 +19,7 @@ from builder.build import BuildError, build
 from release_fixtures import PUBLISHED, REPO, tree_hash
 from builder.verify import verify
 from records import rawio
-from tpu_kernel_records import CONFIG_NAMES, FEATURES
+from records.schema import CONFIG_NAMES, FEATURES
 
 
 def _table(data: Path, config: str, record: str) -> list[dict]:
@@ -77,20 +77,22 @@ def test_interpret_run_is_flagged_in_every_row(built):
     assert power[0]["rejected_by"] == [{"check": "causal-mask", "count": 4}]
     assert (power[0]["expected"], power[0]["intended_checks"], power[0]["rejected_by_intended"]) == (
         "reject", ["causal-mask"], 4)
-    assert json.loads(power[0]["power_detail"]) == {"seconds_per_trial": 0.5} and power[1]["power_detail"] is None
-    settings = json.loads(power[0]["power_settings"])
-    assert (settings["seeds"], settings["shapes"][0]["name"], settings["policy"]["k"]) == (
-        2, "A", {"forward": 2.0, "gradient": 3.0})
-    assert "candidates" not in settings
+    # Structs, not JSON text: each field is a column a user can filter on.
+    assert power[0]["power_detail"]["seconds_per_trial"] == 0.5 and power[0]["power_detail"]["other"] == []
+    assert power[1]["power_detail"]["seconds_per_trial"] is None
+    settings = power[0]["power_settings"]
+    assert (settings["seeds"], settings["shapes"][0]["name"], settings["policy"]["k_forward"],
+            settings["policy"]["k_gradient"]) == (2, "A", 2.0, 3.0)
     card = (built / "dataset_card.md").read_text()
-    assert "| `synthetic-cpu` | ignores-causal | known-bad | reject | 4 | 4 | 100% | causal-mask: 4 |" in card
+    assert "| `synthetic-cpu` | ignores-causal | known-bad | reject | 4 | 4 | 100% | causal-mask: 4 | — |" in card
+    assert "Record `synthetic-cpu` (measured on cpu: the grader's numerics, not kernel speed): 2 seeds (0..1)" in card
     assert "`published-tpu-v5e-8` | published-summary | tpu | TPU v5e | 8 / 1" in card
 
 
 def test_parquet_uses_the_declared_schema_and_small_row_groups(built):
     for config in CONFIG_NAMES:
         path = built / "data" / config / f"{PUBLISHED}.parquet"
-        assert pq.read_schema(path).equals(FEATURES[config].arrow_schema, check_metadata=True)
+        assert pq.read_schema(path).equals(FEATURES[config], check_metadata=True)
         meta = pq.ParquetFile(path).metadata
         assert all(meta.row_group(i).num_rows <= 64 for i in range(meta.num_row_groups))
 
@@ -273,16 +275,11 @@ def test_repository_data_verifies():
 
 
 def test_a_case_in_several_pairs_keeps_them_all_with_xla_as_primary(ws):
-    def add_cudnn(docs):
-        bench = docs["benchmark"]
-        cudnn = dict(bench["cases"][0], case_id="softmax-cudnn-s16", implementation="cudnn")
-        bench["cases"].append(cudnn)
-        bench["pairs"].insert(0, {"scope": "softmax", "seq_len": 16, "numerator": "softmax-pallas-s16",
-                                  "denominator": "softmax-cudnn-s16", "ratio": 1.25, "ci_low": None, "ci_high": None,
-                                  "devices": 1, "scaling_efficiency": None})
-
-    build([testing.write(ws / "runs", "synthetic-pairs", edit=add_cudnn)], ws / "data", allow_interpret=True)
-    row = next(r for r in _table(ws / "data", "benchmark", "synthetic-pairs") if r["case_id"] == "softmax-pallas-s16")
-    assert [p["baseline_case_id"] for p in row["pairs"]] == ["softmax-cudnn-s16", "softmax-xla-s16"]
-    assert (row["baseline_case_id"], row["ratio_to_baseline"]) == ("softmax-xla-s16", 1.5)
-    assert "pallas / cudnn" not in (ws / "dataset_card.md").read_text()
+    run = testing.write(ws / "runs", "synthetic-gpu", platform="gpu", interpret=False,
+                        device_kind="NVIDIA H100 80GB HBM3", scopes=("flash",))
+    build([run], ws / "data")
+    row = next(r for r in _table(ws / "data", "benchmark", "synthetic-gpu") if r["case_id"] == "flash-flash-s128")
+    assert [p["baseline_case_id"] for p in row["pairs"]] == ["flash-xla-s128", "flash-cudnn-s128"]
+    xla = next(p for p in row["pairs"] if p["baseline_case_id"] == "flash-xla-s128")
+    assert (row["baseline_case_id"], row["ratio_to_baseline"]) == ("flash-xla-s128", xla["ratio"])
+    assert "flash / cudnn" not in (ws / "dataset_card.md").read_text()

@@ -17,7 +17,7 @@ from builder.derive import checksums_text
 from builder.tables import write_parquet
 from release_fixtures import PUBLISHED
 from builder.verify import verify
-from tpu_kernel_records import CHECKSUMS
+from records.schema import CHECKSUMS
 
 
 @pytest.fixture(scope="module")
