@@ -1,5 +1,6 @@
 """Raw run folders: JSON Schema validation, manifest checksums, atomic writes.
 
+Formats are checked (``date-time`` by ``FORMAT_CHECKER``, which needs no extra package).
 A run folder holds ``environment.json``, ``correctness.json``, ``benchmark.json``, any evidence files
 (e.g. gzipped StableHLO) and ``manifest.json`` with the sha256 of every other file. The schemas ship
 in ``records/schemas`` so contributors can validate their own runs.
@@ -7,10 +8,12 @@ in ``records/schemas`` so contributors can validate their own runs.
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
 from importlib import resources
@@ -32,6 +35,21 @@ class RunError(ValueError):
         super().__init__(f"[{rule}] {where}: {message}")
 
 
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+FORMAT_CHECKER = jsonschema.FormatChecker(formats=())
+
+
+@FORMAT_CHECKER.checks("date-time", raises=ValueError)
+def is_date_time(value: object) -> bool:
+    """RFC 3339 ``date-time`` (what JSON Schema's format means), checked with the standard library only."""
+    if not isinstance(value, str):
+        return True  # formats constrain strings only; the type keyword handles the rest
+    if not RFC3339.match(value):
+        raise ValueError(f"{value!r} is not an RFC 3339 date-time such as 2026-01-01T00:00:00Z")
+    dt.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))  # raises ValueError for 2026-13-01 etc.
+    return True
+
+
 @functools.cache
 def load_schema(name: str) -> dict:
     """The JSON Schema of ``name`` (one of ``DOCUMENTS`` or ``"manifest"``)."""
@@ -41,7 +59,7 @@ def load_schema(name: str) -> dict:
 
 def validate(name: str, document: Any, file: str | None = None) -> None:
     """Raise ``RunError`` unless ``document`` matches schema ``name``."""
-    validator = jsonschema.Draft202012Validator(load_schema(name))
+    validator = jsonschema.Draft202012Validator(load_schema(name), format_checker=FORMAT_CHECKER)
     error = jsonschema.exceptions.best_match(validator.iter_errors(document))
     if error is not None:
         field = "/".join(str(p) for p in error.absolute_path) or None

@@ -283,3 +283,43 @@ def test_a_case_in_several_pairs_keeps_them_all_with_xla_as_primary(ws):
     xla = next(p for p in row["pairs"] if p["baseline_case_id"] == "flash-xla-s128")
     assert (row["baseline_case_id"], row["ratio_to_baseline"]) == ("flash-xla-s128", xla["ratio"])
     assert "flash / cudnn" not in (ws / "dataset_card.md").read_text()
+
+
+def test_two_builds_at_once_lose_no_record(ws):
+    """Each build copies data/, adds its record and swaps; the lock makes the second start from the first's result."""
+    import threading
+
+    runs = [testing.write(ws / "runs", f"synthetic-cpu-{n}") for n in (6, 7)]
+    errors = []
+
+    def one(run):
+        try:
+            build([run], ws / "data", allow_interpret=True)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=one, args=(run,)) for run in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert {"synthetic-cpu-6", "synthetic-cpu-7"} <= set(os.listdir(ws / "data" / "raw"))
+    assert verify(ws / "data") == []
+
+
+def test_a_held_lock_refuses_after_the_timeout_and_writes_nothing(ws, monkeypatch):
+    import hashlib
+    import tempfile
+
+    from filelock import FileLock
+
+    monkeypatch.setattr("builder.build.LOCK_TIMEOUT_S", 0.2)
+    key = hashlib.sha256(str((ws / "data").resolve()).encode()).hexdigest()[:16]
+    run = testing.write(ws / "runs", "synthetic-cpu-8")
+    before, listing = tree_hash(ws / "data", ws / "dataset_card.md"), sorted(os.listdir(ws))
+    with FileLock(str(Path(tempfile.gettempdir()) / f"tpu-kernel-records-build-{key}.lock")):
+        with pytest.raises(BuildError) as err:
+            build([run], ws / "data", allow_interpret=True)
+    assert err.value.rule == "lock" and "another build" in str(err.value)
+    _assert_untouched(ws, before, listing)

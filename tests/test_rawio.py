@@ -94,3 +94,23 @@ def test_schemas_ship_with_the_package():
         schema = rawio.load_schema(name)
         assert schema["$schema"].endswith("2020-12/schema")
     json.dumps(rawio.load_schema("benchmark"))
+
+
+@pytest.mark.parametrize("value", ["2026-13-01T00:00:00Z", "2026-02-30T00:00:00Z", "yesterday", "2026-01-01",
+                                   "2026-01-01 00:00:00", "2026-01-01T25:00:00Z"])
+def test_created_utc_must_be_a_date_time(tmp_path, value):
+    docs = _docs()
+    docs["environment"]["created_utc"] = value
+    with pytest.raises(rawio.RunError) as err:
+        rawio.write_run(tmp_path / "run", docs)
+    assert (err.value.rule, err.value.field) == ("schema", "created_utc")
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("value", ["2026-01-01T00:00:00Z", "2026-01-01T00:00:00.123456+00:00",
+                                   "2026-06-30T23:59:59-07:00", None])
+def test_created_utc_accepts_rfc3339_or_null(tmp_path, value):
+    docs = _docs()
+    docs["environment"]["created_utc"] = value
+    run = rawio.write_run(tmp_path / "run", docs)
+    assert rawio.read_run(run)["environment"]["created_utc"] == value

@@ -101,3 +101,58 @@ def test_a_stale_card_section_is_caught(ws):
     assert "| 4 | 4 | 100% |" in text
     card.write_text(text.replace("| 4 | 4 | 100% |", "| 4 | 3 | 75% |"))
     assert any("generated section 'power' is not current" in p for p in verify(ws / "data"))
+
+
+SECRETS = {
+    "Hugging Face token": "hf_" + "Zq3x" * 9,
+    "Kaggle API token": "KGAT_" + "0a1b2c3d" * 4,
+    "Kaggle key": '{"username": "someone", "key": "' + "0123456789abcdef" * 2 + '"}',
+    "AWS access key id": "AKIA" + "QWERTYUIOPASDFGH",
+    "Google service-account JSON": '{"type": "service_account", "project_id": "p"}',
+    "PEM private key": "-----BEGIN RSA PRIVATE KEY-----\nMIIB\n-----END RSA PRIVATE KEY-----",
+}
+
+
+@pytest.mark.parametrize("kind", sorted(SECRETS))
+def test_verify_finds_a_secret_in_a_parquet_cell(ws, kind):
+    """Even with every checksum updated to hide the edit, a secret-shaped value in a parquet cell fails verify."""
+    path = ws / "data" / "environment" / "synthetic-cpu.parquet"
+    table = pq.read_table(path)
+    notes = pa.array([SECRETS[kind]], pa.string())
+    write_parquet(table.set_column(table.schema.get_field_index("notes"), "notes", notes), str(path))
+    (ws / "data" / CHECKSUMS).write_text(checksums_text(ws / "data"))
+    problems = verify(ws / "data")
+    assert f"environment/synthetic-cpu.parquet: holds a value shaped like a {kind} (secret scan)" in problems
+    assert not any(SECRETS[kind][:12] in p for p in problems), "a problem line must not print the secret"
+
+
+@pytest.mark.parametrize("rel", ["raw/synthetic-cpu/environment.json", "raw/synthetic-cpu/manifest.json",
+                                 "notes.txt.gz"])
+def test_verify_finds_a_secret_in_any_release_file(ws, rel, capsys):
+    import gzip
+
+    path = ws / "data" / rel
+    token = SECRETS["Hugging Face token"]
+    if rel.endswith(".gz"):
+        path.write_bytes(gzip.compress(f"XLA_FLAGS=--x HF_TOKEN={token}".encode()))
+    else:
+        path.write_text(path.read_text().replace('"format_version": 1', f'"format_version": 1, "t": "{token}"', 1))
+    problems = verify(ws / "data")
+    assert f"{rel}: holds a value shaped like a Hugging Face token (secret scan)" in problems
+    assert commands.main(["verify", "--data", str(ws / "data")]) == 1
+    assert token not in capsys.readouterr().err
+
+
+def test_verify_finds_a_secret_in_the_card(ws):
+    card = ws / "dataset_card.md"
+    card.write_text(card.read_text() + "\n" + SECRETS["PEM private key"] + "\n")
+    assert "dataset_card.md: holds a value shaped like a PEM private key (secret scan)" in verify(ws / "data")
+
+
+def test_look_alikes_are_not_secrets():
+    """sha256 digests, git commits, run ids and the word 'key' do not trip the scanner."""
+    from records.secrets import find_secrets
+
+    text = ('{"sha256": "' + "ab" * 32 + '", "git_commit": "' + "cd" * 20 + '", "key": "flash-xla-s128/x", '
+            '"check": "hf_like_name", "KAGGLE_KERNEL_RUN_TYPE": "Batch", "notes": "AKIA is a prefix"}')
+    assert find_secrets(text) == []
