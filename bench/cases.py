@@ -1,16 +1,18 @@
 """Benchmark profiles and the cases they expand to.
 
 A profile names the shapes (batch, 4 query heads on 2 KV heads, head dim, bf16, causal, padded) and
-sequence lengths; a scope names what is measured:
+sequence lengths; a scope names what is measured. Which implementations a scope measures is
+declared once, in ``kernel_src.registry`` (``Implementation.scopes``); every implementation is
+paired with the scope's reference (``xla``), and every kernel with every vendor kernel:
 
-* ``softmax``: the masked-softmax step alone, ``masked_softmax`` (pallas) vs
-  ``reference_masked_softmax`` (xla), on ``[batch, q_heads, seq, seq]`` logits.
-* ``attention``: whole grouped-query attention, ``pallas_attention`` vs ``reference_attention``.
-* ``flash``: the fused ``flash_attention`` vs ``reference_attention``; on a GPU also cuDNN's fused
-  attention, ``jax.nn.dot_product_attention(implementation="cudnn")``. cuDNN aligns causal masks
-  top-left and handles rows with no visible key differently; the cases use ``q_len == kv_len``
-  and key lengths ``>= seq/2``, where top-left equals the contract's bottom-right alignment and no
-  row is empty, so all three compute the same function.
+* ``softmax``: the masked-softmax step alone (``Implementation.load_softmax()``): ``pallas`` vs
+  ``xla``, on ``[batch, q_heads, seq, seq]`` logits.
+* ``attention``: whole grouped-query attention, ``pallas`` vs ``xla``.
+* ``flash``: the fused ``flash`` kernel vs ``xla``; on a GPU also cuDNN's fused attention
+  (``cudnn``). cuDNN aligns causal masks top-left and handles rows with no visible key
+  differently; the cases use ``q_len == kv_len`` and key lengths ``>= seq/2``, where top-left
+  equals the contract's bottom-right alignment and no row is empty, so all three compute the
+  same function.
 * ``sharded``: ``sharded_attention`` of the profile's kernel, the same global problem on 1 device
   and on all devices (scaling efficiency ``t1 / (n * tn)`` goes into the pair).
 
@@ -20,7 +22,6 @@ Every case of a scope and sequence length gets the same inputs (drawn from ``see
 from __future__ import annotations
 
 import dataclasses
-import functools
 import zlib
 from typing import Any, Callable, Sequence
 
@@ -29,6 +30,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from bench import roofline
+from kernel_src import registry
+from kernel_src.registry import IMPLEMENTATIONS, Implementation
 
 SCOPES = ("softmax", "attention", "flash", "sharded")
 PUBLISHED_SEQ_LENS = (128, 256, 512, 1024, 2048)
@@ -103,8 +106,9 @@ def get_profile(name: str) -> Profile:
 class Case:
     """One measured function at one shape.
 
-    ``fn(*args)`` is what is jitted and timed; ``tpu_fn`` the same with Pallas compiled for TPU
-    (for the StableHLO export from a CPU), ``None`` where there is nothing Pallas to export.
+    ``fn(*args)`` is what is jitted and timed. Its kernels pick their lowering when lowered
+    (interpret mode on CPU, Mosaic on TPU), so ``tpu_fn`` is ``fn`` itself where a CPU run also
+    exports the case's StableHLO for TPU, ``None`` where there is nothing Pallas to export.
     ``make_inputs()`` returns host (numpy) arrays matching ``abstract_args``.
     """
 
@@ -146,43 +150,18 @@ def _rng(seed: int, scope: str, seq: int) -> np.random.Generator:
     return np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(scope.encode()), seq]))
 
 
-# --- implementations: each returns fn(*args) for fixed static settings -------------------------
+# --- implementations (declared once, in kernel_src.registry) ------------------------------------
 
-def _attention_kernel(name: str, interpret: bool | None, tpu_export: bool = False) -> Callable[..., Any]:
-    """The contract callable ``name`` (xla, pallas, flash, cudnn), Pallas ones with ``interpret``.
-
-    ``tpu_export``: compiled Pallas with the kernel's TPU block sizes, to export for TPU from here.
-    """
-    import kernel_src
-
-    if name == "xla":
-        return kernel_src.reference_attention
-    if name == "pallas":
-        extra = {"block_sizes": kernel_src.SoftmaxBlockSizes.for_platform("tpu")} if tpu_export else {}
-        return functools.partial(kernel_src.pallas_attention, interpret=interpret, **extra)
-    if name == "flash":
-        extra = {"variant": "mosaic"} if tpu_export else {}
-        return functools.partial(kernel_src.flash_attention, interpret=interpret, **extra)
-    if name == "cudnn":
-        return _cudnn_attention
-    raise ValueError(f"unknown attention implementation {name!r}")
+def _registered(name: str) -> Implementation:
+    try:
+        return IMPLEMENTATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown implementation {name!r}; choose from {sorted(IMPLEMENTATIONS)}") from None
 
 
-def _cudnn_attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-    """cuDNN's fused attention; equals the contract only for q_len == kv_len and no empty rows."""
-    return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=causal,
-                                        key_value_seq_lengths=kv_lengths, implementation="cudnn")
-
-
-def _softmax_fn(name: str, causal: bool, interpret: bool | None, tpu_blocks: bool = False):
-    import kernel_src
-
-    if name == "xla":
-        return lambda logits, lengths: kernel_src.reference_masked_softmax(
-            logits, causal=causal, kv_lengths=lengths)
-    extra = {"block_sizes": kernel_src.SoftmaxBlockSizes.for_platform("tpu")} if tpu_blocks else {}
-    return lambda logits, lengths: kernel_src.masked_softmax(
-        logits, causal=causal, kv_lengths=lengths, interpret=interpret, **extra)
+def _softmax_fn(impl: Implementation, causal: bool):
+    softmax = impl.load_softmax()
+    return lambda logits, lengths: softmax(logits, causal=causal, kv_lengths=lengths)
 
 
 def _attention_fn(kernel: Callable[..., Any], causal: bool, scale: float):
@@ -190,42 +169,44 @@ def _attention_fn(kernel: Callable[..., Any], causal: bool, scale: float):
 
 
 def _sharded_fn(kernel: Callable[..., Any], devices: int, causal: bool, scale: float):
-    def fn(q, k, v, lengths):
-        from kernel_src import sharded
+    sharded = IMPLEMENTATIONS["sharded"].load()
 
-        mesh = sharded.attention_mesh(q.shape[0], k.shape[2], jax.devices()[:devices])
-        return sharded.sharded_attention(kernel, q, k, v, mesh=mesh, causal=causal,
-                                         kv_lengths=lengths, scale=scale)
+    def fn(q, k, v, lengths):
+        from kernel_src.sharded import attention_mesh
+
+        mesh = attention_mesh(q.shape[0], k.shape[2], jax.devices()[:devices])
+        return sharded(kernel, q, k, v, mesh=mesh, causal=causal, kv_lengths=lengths, scale=scale)
     return fn
 
 
 # --- expansion ---------------------------------------------------------------------------------
 
 def _implementations(scope: str, platform: str, profile: Profile) -> list[str]:
-    if scope in ("softmax", "attention"):
-        return ["xla", "pallas"]
-    if scope == "flash":
-        return ["xla", "flash"] + (["cudnn"] if platform == "gpu" else [])
     if scope == "sharded":
+        kernel = profile.sharded_kernel
         n = jax.device_count()
-        return [f"{profile.sharded_kernel}@1"] + ([f"{profile.sharded_kernel}@{n}"] if n > 1 else [])
-    raise ValueError(f"unknown scope {scope!r}; choose from {SCOPES}")
+        return [f"{kernel}@1"] + ([f"{kernel}@{n}"] if n > 1 else [])
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}; choose from {SCOPES}")
+    return [impl.name for impl in registry.for_scope(scope, platform)]
 
 
 def _pairs(scope: str, seq: int, ids: dict[str, str]) -> list[Pair]:
-    if scope in ("softmax", "attention"):
-        return [Pair(scope, seq, ids["pallas"], ids["xla"])]
-    if scope == "flash":
-        pairs = [Pair(scope, seq, ids["flash"], ids["xla"])]
-        if "cudnn" in ids:
-            pairs += [Pair(scope, seq, ids["cudnn"], ids["xla"]), Pair(scope, seq, ids["flash"], ids["cudnn"])]
-        return pairs
-    one, *many = sorted(ids, key=lambda impl: int(impl.split("@")[1]))
-    return [Pair(scope, seq, ids[impl], ids[one], devices=int(impl.split("@")[1])) for impl in many]
+    """Every implementation over the reference, then every kernel over every vendor kernel."""
+    if scope == "sharded":
+        one, *many = sorted(ids, key=lambda impl: int(impl.split("@")[1]))
+        return [Pair(scope, seq, ids[impl], ids[one], devices=int(impl.split("@")[1]))
+                for impl in many]
+    kinds = {name: IMPLEMENTATIONS[name].kind for name in ids}
+    reference = next(name for name, kind in kinds.items() if kind == "reference")
+    pairs = [Pair(scope, seq, ids[name], ids[reference]) for name in ids if name != reference]
+    return pairs + [Pair(scope, seq, ids[kernel], ids[vendor])
+                    for kernel in ids if kinds[kernel] == "kernel"
+                    for vendor in ids if kinds[vendor] == "vendor"]
 
 
 def _uses_pallas(impl: str) -> bool:
-    return impl.split("@")[0] in ("pallas", "flash")
+    return _registered(impl.split("@")[0]).pallas
 
 
 def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
@@ -256,8 +237,8 @@ def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: 
     interpret = platform == "cpu" and _uses_pallas(impl)
     shape = dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq, num_kv_heads=hk, head_dim=d)
     lengths_spec = (jax.ShapeDtypeStruct((batch,), jnp.int32),) if lengths is not None else ()
-    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)
     base, _, devices = impl.partition("@")
+    implementation = _registered(base)
 
     if scope == "softmax":
         abstract = (jax.ShapeDtypeStruct((batch, hq, seq, seq), dtype),) + lengths_spec
@@ -267,9 +248,8 @@ def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: 
             logits = _rng(seed, scope, seq).standard_normal((batch, hq, seq, seq), dtype=np.float32)
             return [(3.0 * logits).astype(dtype)] + ([lengths] if lengths is not None else [])
 
-        fn = _with_optional_lengths(_softmax_fn(impl, profile.causal, interpret or None), lengths)
-        tpu_fn = _with_optional_lengths(_softmax_fn(impl, profile.causal, False, tpu_blocks=True),
-                                        lengths) if export else None
+        fn = _with_optional_lengths(_LazyFn(lambda: _softmax_fn(implementation, profile.causal)),
+                                    lengths)
         case_id = f"{scope}-{impl}-s{seq}"
     else:
         scale = d ** -0.5
@@ -284,31 +264,33 @@ def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: 
             qkv = [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype) for a in abstract[:3]]
             return qkv + ([lengths] if lengths is not None else [])
 
-        def contract_fn(interp):
-            kernel = _attention_kernel(base, interp, tpu_export=interp is False and platform == "cpu")
+        def contract_fn():
+            kernel = implementation.load()
             if scope == "sharded":
                 return _sharded_fn(kernel, int(devices), profile.causal, scale)
             return _attention_fn(kernel, profile.causal, scale)
 
-        fn = _with_optional_lengths(_LazyFn(contract_fn, interpret or None), lengths)
-        tpu_fn = _with_optional_lengths(_LazyFn(contract_fn, False), lengths) if export else None
+        fn = _with_optional_lengths(_LazyFn(contract_fn), lengths)
         case_id = f"{scope}-{base}-d{devices}-s{seq}" if scope == "sharded" else f"{scope}-{impl}-s{seq}"
 
+    # The kernels choose their lowering when lowered, so the very program timed here, exported
+    # for TPU, is what a TPU would be given (Mosaic, TPU tiles).
+    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)
     return Case(case_id=case_id, scope=scope, implementation=impl, seq_len=seq, shape=shape,
                 dtype=dtype.name, causal=profile.causal, padded=lengths is not None,
                 interpret=interpret, fn=fn, abstract_args=abstract, make_inputs=make_inputs,
-                flops=flops, bytes_moved=nbytes, tpu_fn=tpu_fn,
+                flops=flops, bytes_moved=nbytes, tpu_fn=fn if export else None,
                 mesh_devices=int(devices) if devices else None)
 
 
 class _LazyFn:
     """Resolves the implementation at the first call, so a missing kernel fails its case only."""
 
-    def __init__(self, factory: Callable[[Any], Callable[..., Any]], interpret: Any):
-        self.factory, self.interpret = factory, interpret
+    def __init__(self, factory: Callable[[], Callable[..., Any]]):
+        self.factory = factory
 
     def __call__(self, *args):
-        return self.factory(self.interpret)(*args)
+        return self.factory()(*args)
 
 
 def _with_optional_lengths(fn: Callable[..., Any], lengths: np.ndarray | None) -> Callable[..., Any]:

@@ -1,8 +1,10 @@
 """StableHLO evidence: the program each case ran, gzipped deterministically into the run folder.
 
 The text shows where a Pallas custom call sits between XLA's matrix multiplications. On a CPU the
-Pallas cases are also exported for TPU (``jax.export`` with ``platforms=["tpu"]``, Mosaic lowering,
-no TPU needed), so a CPU run still records what the TPU would be given.
+Pallas cases are also exported for TPU (``jax.export`` with ``platforms=["tpu"]``, no TPU needed).
+It is the very program that was timed: the kernels choose their lowering when lowered
+(``kernel_src.backend.per_platform``), so the export holds the Mosaic kernels with their TPU
+tiles, and a CPU run still records what the TPU would be given.
 """
 
 from __future__ import annotations
@@ -32,6 +34,9 @@ def lowered_text(lowered: Any) -> str:
 
 
 def tpu_export_text(fn: Callable[..., Any], abstract_args: Sequence[Any]) -> str:
-    """StableHLO of ``jax.jit(fn)`` exported for TPU from whatever machine this is."""
+    """StableHLO of ``jax.jit(fn)`` exported for TPU from whatever machine this is.
+
+    ``fn`` is called with the default lowering choice (no ``interpret=``), as the benchmark runs it.
+    """
     exported = jax.export.export(jax.jit(fn), platforms=["tpu"])(*abstract_args)
     return exported.mlir_module()
