@@ -1,0 +1,145 @@
+"""Every Pallas kernel compiles for TPU v5e, on this machine without a TPU (libtpu's compiler).
+
+Compiling, unlike exporting, runs Mosaic's own passes: an illegal layout, a block that does not
+fit VMEM or an unsupported op is refused here instead of on a TPU. Each Pallas case of the
+``tpu-v5e`` benchmark profile (``bench.cases``) is compiled at its shape, forward and forward +
+backward (a VJP; it holds the forward kernel too, and softmax's forward-only program calls the
+same kernel, so only flash compiles its forward-only program separately), and so is ``sharded_attention`` on an 8-chip v5e topology. Nothing runs.
+Skipped, with the reason, only where the libtpu wheel that this JAX pins is not installed.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.experimental import pallas as pl
+
+from bench import compiled
+from bench.cases import PROFILES, build_cases
+
+_REASON = compiled.unavailable_reason()
+pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
+
+PROFILE = PROFILES["tpu-v5e"]
+# Pallas kernels per program: forward only, and forward + backward (the VJP re-runs the forward).
+KERNELS = {"softmax": (1, 2), "attention": (1, 2), "flash": (1, 3)}
+
+
+def _pallas_cases():
+    if _REASON is not None:
+        return []
+    cases, _ = build_cases(PROFILE, ("softmax", "attention", "flash"), platform="cpu")
+    return [c for c in cases if c.implementation in ("pallas", "flash")]
+
+
+def _tpu_program(case):
+    """The case's callable as lowered for TPU (compiled Pallas, the profile's TPU tiles)."""
+    return getattr(case, "tpu_fn", None) or case.fn
+
+
+def _vjp_program(fn, args):
+    """``(out, grads)`` of ``fn`` w.r.t. its floating arguments, the output as cotangent."""
+    floating = [i for i, a in enumerate(args) if jnp.issubdtype(a.dtype, jnp.floating)]
+
+    def program(*values):
+        def partial_fn(*diff):
+            full = list(values)
+            for i, value in zip(floating, diff):
+                full[i] = value
+            return fn(*full)
+        out, pullback = jax.vjp(partial_fn, *[values[i] for i in floating])
+        return out, pullback(out)
+    return program
+
+
+def _kernel_count(fn, args) -> int:
+    facts = compiled.analyse(compiled.compile_program(fn, args))
+    assert all(k["vmem_bytes"] is not None for k in facts["kernels"]), "VMEM the compiler reserved"
+    return len(facts["kernels"])
+
+
+@pytest.mark.parametrize("case", _pallas_cases(), ids=lambda c: c.case_id)
+def test_profile_case_compiles_for_v5e(case):
+    args = compiled.on_v5e(case.abstract_args)
+    forward, both = KERNELS[case.scope]
+    fn = _tpu_program(case)
+    if case.scope == "attention" and case.seq_len != min(PROFILE.seq_lens):
+        # XLA's fp32 HIGHEST-precision einsums around the kernel cost ~20 CPU-s to compile at
+        # seq 2048; the kernel itself is masked_softmax on fp32 logits, compiled here at this
+        # case's shape, and the whole program at the profile's shortest sequence.
+        fn, args = _attention_softmax(case)
+    if case.scope == "flash":  # its forward-only program calls another kernel than its VJP's
+        assert _kernel_count(fn, args) == forward
+    assert _kernel_count(_vjp_program(fn, args), args) == both
+
+
+def _attention_softmax(case):
+    """The Pallas kernel of a pallas_attention case alone: masked_softmax on its fp32 logits."""
+    from kernel_src import SoftmaxBlockSizes, masked_softmax
+
+    shape = case.shape
+    logits = compiled.struct((shape["batch"], shape["num_q_heads"], shape["q_len"],
+                              shape["kv_len"]), jnp.float32)
+    lengths = compiled.struct((shape["batch"],), jnp.int32)
+    blocks = SoftmaxBlockSizes.for_platform("tpu")
+
+    def softmax(x, lengths):
+        return masked_softmax(x, causal=case.causal, kv_lengths=lengths, block_sizes=blocks)
+    return softmax, (logits, lengths)
+
+
+def _sharded_seq_lens():
+    return PROFILE.seq_lens_for("sharded") if _REASON is None else ()
+
+
+@pytest.mark.parametrize("seq", _sharded_seq_lens())
+def test_sharded_flash_compiles_for_an_8_chip_v5e(seq):
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from kernel_src import flash_attention, sharded
+
+    devices = compiled.v5e_devices("v5e:2x4")
+    batch, hq, hk, d = PROFILE.batch, PROFILE.num_q_heads, PROFILE.num_kv_heads, PROFILE.head_dim
+    mesh = sharded.attention_mesh(batch, hk, devices)
+    assert mesh.devices.size == 8
+    tensor = NamedSharding(mesh, P("batch", None, "heads", None))
+    q = compiled.struct((batch, seq, hq, d), jnp.bfloat16, tensor)
+    kv = compiled.struct((batch, seq, hk, d), jnp.bfloat16, tensor)
+    lengths = compiled.struct((batch,), jnp.int32, NamedSharding(mesh, P("batch")))
+
+    def attend(q, k, v, lengths):  # the default API: Mosaic because it is lowered for TPU
+        return sharded.sharded_attention(flash_attention, q, k, v, mesh=mesh, causal=True,
+                                         kv_lengths=lengths)
+
+    args = (q, kv, kv, lengths)
+    assert _kernel_count(_vjp_program(attend, args), args) == 3
+
+
+def test_a_kernel_that_overflows_vmem_is_refused():
+    """The check above can fail: Mosaic refuses a block that cannot fit v5e's VMEM."""
+    x = compiled.struct((2048, 2048), jnp.float32)  # 16 MiB in and out: over the 16 MiB scoped VMEM
+
+    def double(x):
+        return pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                              out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype), interpret=False)(x)
+
+    with pytest.raises(Exception, match="(?i)vmem|memory|exceed"):
+        compiled.compile_program(double, (x,))
+
+
+def test_facts_name_the_relayouts_around_a_kernel():
+    """``outside_bytes`` counts an XLA op around a kernel: a transpose costs a read and a write."""
+    x = compiled.struct((1024, 256), jnp.float32)
+
+    def double_transposed(x):
+        spec = pl.BlockSpec((256, 256), lambda i: (0, i))
+        out = pl.pallas_call(lambda x_ref, o_ref: o_ref.__setitem__(..., x_ref[...] * 2),
+                             grid=(x.shape[0] // 256,), in_specs=[spec], out_specs=spec,
+                             out_shape=jax.ShapeDtypeStruct((256, 1024), x.dtype),
+                             interpret=False)(x.T)
+        return out
+
+    facts = compiled.analyse(compiled.compile_program(double_transposed, (x,)))
+    assert len(facts["kernels"]) == 1
+    assert facts["outside_bytes"] >= 2 * 1024 * 256 * 4, facts
