@@ -3,7 +3,7 @@
 Generated parts sit between marker comments; everything else in the card is written by hand:
 
     # BEGIN GENERATED: dataset_info          (inside the YAML front matter)
-    <!-- BEGIN GENERATED: records -->        (markdown body; also: power, figure)
+    <!-- BEGIN GENERATED: records -->        (markdown body; also: power, figure, usage)
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import re
 import struct
 import zlib
 from typing import Any
@@ -18,13 +19,14 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
-from records.schema import CONFIG_NAMES, FEATURES
+from records.schema import CONFIG_NAMES, FEATURES, TAG
 
 FIGURE = "figures/pallas_xla_ratio.png"  # relative to data/
 FIGURE_KEY = "tpu-kernel-records-data-sha256"
 BASELINE = "xla"  # the figure and its table show ratios to this implementation
 YAML_SECTIONS = ("dataset_info",)
-SECTIONS = ("dataset_info", "records", "power", "figure")
+SECTIONS = ("dataset_info", "records", "power", "figure", "usage")
+PLACEHOLDER_REPO = "OWNER/tpu-kernel-records"  # the usage examples name the real repo once published
 
 
 def _markers(name: str) -> tuple[str, str]:
@@ -236,8 +238,57 @@ def png_text(png: bytes) -> dict[str, str]:
     return out
 
 
+def usage(repo_id: str = PLACEHOLDER_REPO, tag: str = TAG) -> str:
+    """How to load the release from ``repo_id`` at ``tag``: the parquet route, the script route on
+    ``datasets`` 2.x/3.x, and the script's builder on 4 and later. ``publish`` names the real repo."""
+    return f'''The configs are plain parquet, so `datasets` loads them directly (after accepting the terms and
+logging in, `hf auth login` or `HF_TOKEN`); pin the release with its tag:
+
+```python
+from datasets import load_dataset
+
+bench = load_dataset("{repo_id}", "benchmark", split="train", revision="{tag}")
+checks = load_dataset("{repo_id}", "correctness", split="train", revision="{tag}")
+env = load_dataset("{repo_id}", "environment", split="train", revision="{tag}")
+```
+
+The loading script `tpu_kernel_records.py` gives the same rows and features: it lists each config's
+files in `data/SHA256SUMS`, fetches them relative to the dataset (a local folder or the Hub at a
+revision), checks their sha256 and reads the features from the parquet files. With `datasets` 2.x
+or 3.x, `load_dataset("{repo_id}", "benchmark", revision="{tag}", trust_remote_code=True)` runs it;
+`datasets` 4 and later no longer run scripts through `load_dataset`, so use its builder or `load`:
+
+```python
+from tpu_kernel_records import TpuKernelRecords, load
+
+builder = TpuKernelRecords(config_name="benchmark")   # reads data/ beside the script
+builder.download_and_prepare()
+bench = builder.as_dataset(split="train")
+
+checks = load("correctness")                                                       # local data/
+bench = load("benchmark", repo_id="{repo_id}", revision="{tag}")  # the Hub
+```
+
+`load` explains how to get access when the Hub refuses it. Its cache is keyed on
+`data/SHA256SUMS`, so changed data is never served from a stale cache.
+'''
+
+
+def usage_repo(text: str) -> str | None:
+    """The repo id the card's usage section names (None where it names none)."""
+    match = re.search(r'load_dataset\("([^"]+)", "benchmark"', extract(text, "usage"))
+    return match.group(1) if match else None
+
+
+def without_usage(text: str) -> str:
+    """The card with its usage section emptied: what ``CARD.sha256`` covers, so that naming the repo at
+    publish time is the only change a published README has over the built card."""
+    return replace(text, {"usage": ""})
+
+
 def sections(tables: dict[str, pa.Table]) -> dict[str, str]:
     """Every generated section of the card, from the combined tables of all records."""
     return {"dataset_info": dataset_info(tables), "records": records(tables["environment"]),
-            "power": power(tables["correctness"]), "figure": figure_section(tables["benchmark"])}
+            "power": power(tables["correctness"]), "figure": figure_section(tables["benchmark"]),
+            "usage": usage()}
 

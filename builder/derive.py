@@ -92,5 +92,10 @@ def checksums_text(data_dir: Path) -> str:
 
 
 def card_sum_text(card_bytes: bytes) -> str:
-    """``CARD.sha256``: the card's sha256 (the card is README.md in a release, dataset_card.md here)."""
+    """``CARD.sha256``: sha256 of the card (README.md in a release, dataset_card.md here) with its usage
+    section emptied (``card.without_usage``): publishing names the repo there and changes nothing else."""
+    try:
+        card_bytes = card.without_usage(card_bytes.decode()).encode()
+    except (UnicodeDecodeError, ValueError):
+        pass  # no usage markers: hash the bytes as they are (verify reports the missing markers)
     return f"{sha256_bytes(card_bytes)}  dataset_card.md\n"

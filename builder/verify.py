@@ -99,6 +99,8 @@ def _card(data_dir: Path, card_path: Path, derived: Derived) -> list[str]:
     try:
         text = data.decode()
         for name, content in derived.sections.items():
+            if name == "usage":  # names the placeholder, or the repo it was published to
+                content = card.usage(card.usage_repo(text) or card.PLACEHOLDER_REPO)
             if card.extract(text, name) != content:
                 problems.append(f"{card_path.name}: generated section {name!r} is not current")
     except (UnicodeDecodeError, ValueError) as e:

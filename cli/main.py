@@ -14,6 +14,11 @@ from typing import Sequence
 
 from cli import release, rubric
 from bench.cases import PROFILES, SCOPES
+from records.schema import VERSION
+
+EXIT_STATUS = ("exit status: 0 ok; 1 refused or failed (a refused build, a verify problem, a refused publish, "
+               "a failed grade); 2 usage (bad arguments, an --out folder that exists); publish's Hub failures: "
+               f"{release.PUBLISH_STATUS}.")
 
 
 def _count(minimum: int):
@@ -63,7 +68,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tpu-kernel-records",
         description="Attention kernels measured on real hardware: measure a run, then build, verify "
-                    "and publish the dataset release.")
+                    "and publish the dataset release.", epilog=EXIT_STATUS)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_measure_parser(subparsers)
     rubric.register(subparsers)
@@ -72,7 +78,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Console entry point; returns the exit status (2 for a usage error or a refused run)."""
+    """Console entry point; returns the exit status (``EXIT_STATUS``)."""
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)

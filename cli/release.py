@@ -1,13 +1,20 @@
 """CLI subcommands of the release: build, verify, publish.
 
 ``register(subparsers)`` adds them to ``tpu-kernel-records``; each sets ``func`` (``args -> exit code``).
+Exit statuses: 0 ok; 1 refused or failed (a build refusal, a verify problem, a publish refusal);
+2 usage; publish's Hub failures 3-9 (``builder.publish.HUB_STATUS``). Errors are one line on stderr.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
+
+from builder.publish import HUB_STATUS
+
+PUBLISH_STATUS = ", ".join(f"{status} {kind}" for kind, status in HUB_STATUS.items())
 
 
 def _cmd_build(args: argparse.Namespace) -> int:
@@ -15,11 +22,12 @@ def _cmd_build(args: argparse.Namespace) -> int:
 
     try:
         ids = build(args.run_dirs, args.data, args.card, allow_interpret=args.allow_interpret,
-                    replace=args.replace, progress=True)
+                    replace=args.replace, progress=not args.quiet)
     except BuildError as e:
         print(f"build refused, nothing written: {e}", file=sys.stderr)
         return 1
-    print(f"built {', '.join(ids) if ids else 'no new record (regenerated from data/raw)'} into {args.data}")
+    if not args.quiet:
+        print(f"built {', '.join(ids) if ids else 'no new record (regenerated from data/raw)'} into {args.data}")
     return 0
 
 
@@ -27,25 +35,34 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     from builder.verify import verify
 
     problems = verify(args.data, args.card)
-    if problems:
+    if args.json:
+        print(json.dumps({"data": str(args.data), "ok": not problems, "problems": problems}, indent=2))
+    elif problems:
         print(f"verify: {len(problems)} problem(s) in {args.data}:", file=sys.stderr)
         for problem in problems:
             print(f"  {problem}", file=sys.stderr)
-        return 1
-    print(f"verify: {args.data} is consistent")
-    return 0
+    elif not args.quiet:
+        print(f"verify: {args.data} is consistent")
+    return 1 if problems else 0
 
 
 def _cmd_publish(args: argparse.Namespace) -> int:
     from builder.publish import PublishError, publish
 
     root = args.data.absolute().parent
+    quiet = args.quiet or args.json
     try:
-        publish(root, args.repo_id, args.version, data_dir=args.data, card_path=args.card, dry_run=args.dry_run,
-                stage_dir=args.stage, gated=args.gated)
+        plan = publish(root, args.repo_id, args.version, data_dir=args.data, card_path=args.card,
+                       dry_run=args.dry_run, stage_dir=args.stage, gated=args.gated, private=args.private,
+                       out=(lambda line: None) if quiet else print)
     except PublishError as e:
-        print(f"publish refused: {e}", file=sys.stderr)
-        return 1
+        kind = getattr(e, "kind", None)
+        if args.json:
+            print(json.dumps({"ok": False, "status": e.status, "kind": kind or "refused", "error": str(e)}))
+        print(f"publish {'failed' if kind else 'refused'}: {e}", file=sys.stderr)
+        return e.status
+    if args.json:
+        print(json.dumps({"ok": True, "dry_run": args.dry_run, **plan.to_dict()}, indent=2))
     return 0
 
 
@@ -55,13 +72,16 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
         p.add_argument("--data", type=Path, default=Path("data"), help="the data folder (default: data)")
         p.add_argument("--card", type=Path, default=None,
                        help="the dataset card (default: dataset_card.md beside the data folder)")
+        p.add_argument("--quiet", action="store_true", help="no progress bars or chatter; errors still go to stderr")
 
     p = subparsers.add_parser(
         "build", help="accept measurement runs into data/ (all or nothing)",
-        description="Check each RUN_DIR (schemas, manifest checksums, acceptance rules) and add it to the data "
-                    "folder: data/raw/<record_id>/ and one parquet file per config, then update SHA256SUMS, "
-                    "the figure and the card's generated parts. A refusal names the rule, file and field and "
-                    "writes nothing. With no RUN_DIR, regenerates every derived file from data/raw.")
+        description="Check each RUN_DIR (schemas, manifest checksums, acceptance rules: every derived number "
+                    "recomputed from the samples and shapes, every case of its profile present, the environment "
+                    "allow-list, no secret-shaped value) and add it to the data folder: data/raw/<record_id>/ "
+                    "and one parquet file per config, then update SHA256SUMS, the figure and the card's generated "
+                    "parts. A refusal names the rule, file and field and writes nothing. With no RUN_DIR, "
+                    "regenerates every derived file from data/raw. Exit: 0 built, 1 refused, 2 usage.")
     p.add_argument("run_dirs", metavar="RUN_DIR", nargs="*", type=Path, help="run folders written by measure")
     common(p)
     p.add_argument("--allow-interpret", action="store_true",
@@ -70,23 +90,31 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.set_defaults(func=_cmd_build)
 
     p = subparsers.add_parser(
-        "verify", help="check checksums, schemas, tables and the card",
+        "verify", help="check checksums, schemas, tables, the card and scan for secrets",
         description="Check every checksum in SHA256SUMS, every parquet file against its declared schema, that "
-                    "every table regenerates identically from data/raw, and that the card's generated parts "
-                    "are current. Exits 1 with the list of problems.")
+                    "every table regenerates identically from data/raw, that the card's generated parts are "
+                    "current, and scan every file for secret-shaped values (tokens, keys). "
+                    "Exit: 0 consistent, 1 problems (listed), 2 usage.")
     common(p)
+    p.add_argument("--json", action="store_true", help="print {data, ok, problems} as JSON on stdout")
     p.set_defaults(func=_cmd_verify)
 
     p = subparsers.add_parser(
         "publish", help="push a verified, tagged, gated release to the Hugging Face Hub",
-        description="Refuse unless verify passes; stage the release (card as README.md, data/, the loading "
-                    "script, kernel_src/, NOTICE, licences); create the dataset repo if needed, gate it, make "
-                    "one commit (adds what changed, deletes what the release no longer has) and tag it vX.Y.Z. "
-                    "The token comes from `hf auth login` or HF_TOKEN.")
+        description="Refuse unless verify passes; stage the release (card as README.md naming this repo and "
+                    "tag in its examples, data/, the loading script, kernel_src/, NOTICE, licences); create the "
+                    "dataset repo if needed, gate it, make one commit (unchanged files skipped, files no longer "
+                    "in the release deleted) and tag it vX.Y.Z. The token comes from `hf auth login` or "
+                    "HF_TOKEN; HF_ENDPOINT is honoured. Exit: 0 published, 1 refused, 2 usage, Hub failures: "
+                    f"{PUBLISH_STATUS}.")
     p.add_argument("--repo-id", required=True, help="OWNER/NAME (a hyphenated name, not tpu_kernel_records)")
-    p.add_argument("--version", required=True, help="release version X.Y.Z; tagged vX.Y.Z")
+    p.add_argument("--version", default=None,
+                   help="must equal the release version set in records/schema.py (the default); tagged vX.Y.Z")
     p.add_argument("--dry-run", action="store_true", help="print the plan; no network")
+    p.add_argument("--json", action="store_true", help="print the plan (or the error) as JSON on stdout")
     p.add_argument("--stage", type=Path, default=None, metavar="DIR", help="only write the staged release to DIR")
     p.add_argument("--gated", choices=("auto", "manual"), default="auto", help="access approval (default: auto)")
+    p.add_argument("--private", action="store_true",
+                   help="create the repo private (a first release into a scratch repo); gating is still set")
     common(p)
     p.set_defaults(func=_cmd_publish)

@@ -13,7 +13,9 @@ import pytest
 import release_fixtures as testing
 from cli import main as commands
 from builder.build import build
+from builder.card import without_usage
 from builder.publish import PublishError, publish, staged_files
+from records.schema import VERSION
 from release_fixtures import PUBLISHED
 
 
@@ -38,14 +40,9 @@ class Recorder:
     def update_repo_settings(self, repo_id, **kwargs):
         self._record("update_repo_settings", {"repo_id": repo_id, **kwargs})
 
-    def list_repo_tree(self, repo_id, **kwargs):
-        self._record("list_repo_tree", {"repo_id": repo_id, **kwargs})
-        out = [SimpleNamespace(path="data", tree_id="t")]
-        for path, data in self.remote.items():
-            lfs = SimpleNamespace(sha256=hashlib.sha256(data).hexdigest()) if path in self.lfs else None
-            blob = hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-            out.append(SimpleNamespace(path=path, blob_id=blob if lfs is None else "pointer", lfs=lfs))
-        return out
+    def list_repo_files(self, repo_id, **kwargs):
+        self._record("list_repo_files", {"repo_id": repo_id, **kwargs})
+        return list(self.remote)
 
     def create_commit(self, repo_id, operations, **kwargs):
         self._record("create_commit", {"repo_id": repo_id, "operations": list(operations), **kwargs})
@@ -75,34 +72,35 @@ def test_publish_plans_one_commit_then_tags(ws):
     parquet = (ws / "data" / "benchmark" / f"{PUBLISHED}.parquet").read_bytes()
     api = Recorder(remote={".gitattributes": b"*.parquet filter=lfs\n", "README.md": readme,
                            f"data/benchmark/{PUBLISHED}.parquet": parquet,
-                           "data/benchmark/old-record.parquet": b"PAR1", "old_script.py": b"x"},
-                   lfs=(f"data/benchmark/{PUBLISHED}.parquet", "data/benchmark/old-record.parquet"))
+                           "data/benchmark/old-record.parquet": b"PAR1", "old_script.py": b"x"})
     lines: list[str] = []
-    plan = publish(ws, "me/tpu-kernel-records", "1.2.3", gated="manual", api=api, out=lines.append)
+    plan = publish(ws, "me/tpu-kernel-records", gated="manual", private=True, api=api, out=lines.append)
 
-    assert api.names() == ["create_repo", "list_repo_refs", "update_repo_settings", "list_repo_tree",
+    assert api.names() == ["create_repo", "list_repo_refs", "update_repo_settings", "list_repo_files",
                            "create_commit", "create_tag"]
     calls = dict(api.calls)
-    assert calls["create_repo"] == {"repo_id": "me/tpu-kernel-records", "repo_type": "dataset", "exist_ok": True}
+    assert calls["create_repo"] == {"repo_id": "me/tpu-kernel-records", "repo_type": "dataset", "exist_ok": True,
+                                    "private": True}
     assert calls["update_repo_settings"]["gated"] == "manual"
+    assert calls["list_repo_files"]["revision"] == "a" * 40
     commit = calls["create_commit"]
     assert commit["repo_type"] == "dataset" and commit["parent_commit"] == "a" * 40
     added = sorted(op.path_in_repo for op in commit["operations"] if type(op).__name__ == "CommitOperationAdd")
     deleted = sorted(op.path_in_repo for op in commit["operations"] if type(op).__name__ == "CommitOperationDelete")
     assert deleted == ["data/benchmark/old-record.parquet", "old_script.py"] == plan.deletions
-    assert "README.md" not in added and f"data/benchmark/{PUBLISHED}.parquet" not in added
-    assert set(added) | {"README.md", f"data/benchmark/{PUBLISHED}.parquet"} == set(plan.files)
+    # Every file is added; huggingface_hub's create_commit itself skips the ones the Hub holds unchanged.
+    assert added == sorted(plan.files)
     assert {"tpu_kernel_records.py", "NOTICE", "LICENSE-data", "LICENSE-code", "kernel_src/contract.py",
-            "data/SHA256SUMS", f"data/raw/{PUBLISHED}/manifest.json"} <= set(added)
+            "data/SHA256SUMS", f"data/raw/{PUBLISHED}/manifest.json", "README.md"} <= set(added)
     assert not any("__pycache__" in path for path in plan.files)
-    assert calls["create_tag"] == {"repo_id": "me/tpu-kernel-records", "repo_type": "dataset", "tag": "v1.2.3",
-                                   "tag_message": "tpu-kernel-records 1.2.3", "revision": "c" * 40}
+    assert calls["create_tag"] == {"repo_id": "me/tpu-kernel-records", "repo_type": "dataset", "tag": f"v{VERSION}",
+                                   "tag_message": f"tpu-kernel-records {VERSION}", "revision": "c" * 40}
     assert any("- old_script.py" in line for line in lines)
 
 
 def test_existing_tag_is_refused_before_any_change(ws):
-    api = Recorder(tags=("v1.0.0",))
-    with pytest.raises(PublishError, match="tag v1.0.0 already exists"):
+    api = Recorder(tags=(f"v{VERSION}",))
+    with pytest.raises(PublishError, match=f"tag v{VERSION} already exists"):
         publish(ws, "me/tpu-kernel-records", "1.0.0", api=api, out=lambda line: None)
     assert api.names() == ["create_repo", "list_repo_refs"]
 
@@ -120,7 +118,10 @@ def test_verify_failure_refuses_before_the_network(ws):
     ("me/tpu_kernel_records", "1.0.0", "must not be 'tpu_kernel_records'"),
     ("me/TPU_Kernel_Records", "1.0.0", "must not be 'tpu_kernel_records'"),
     ("tpu-kernel-records", "1.0.0", "OWNER/NAME"),
-    ("me/tpu-kernel-records", "1.0", "X.Y.Z"),
+    ("me/tpu-kernel-records", "1.0", "records/schema.py"),
+    ("me/tpu-kernel-records", "9.9.9", "is not the release version"),
+    ("me/bad name", VERSION, "OWNER/NAME"),
+    ("me/a/b", VERSION, "OWNER/NAME"),
 ])
 def test_repo_name_and_version_guards(ws, capsys, repo_id, version, match):
     api = Recorder()
@@ -149,7 +150,12 @@ def test_stage_writes_the_release_folder_only(ws):
     dest = ws / "release"
     plan = publish(ws, "me/tpu-kernel-records", "1.0.0", stage_dir=dest, api=Recorder(), out=lambda line: None)
     assert plan.files == staged_files(dest)
-    assert (dest / "README.md").read_bytes() == (ws / "dataset_card.md").read_bytes()
+    # The published card names its repo and tag in the examples, and differs from the built card only there.
+    readme, built_card = (dest / "README.md").read_text(), (ws / "dataset_card.md").read_text()
+    assert f'load_dataset("me/tpu-kernel-records", "benchmark", split="train", revision="v{VERSION}")' in readme
+    assert 'load_dataset("OWNER' not in readme and 'repo_id="OWNER' not in readme
+    assert 'load_dataset("OWNER/tpu-kernel-records"' in built_card
+    assert without_usage(readme) == without_usage(built_card)
     assert (dest / "data" / "SHA256SUMS").read_bytes() == (ws / "data" / "SHA256SUMS").read_bytes()
     with pytest.raises(PublishError, match="already exists"):
         publish(ws, "me/tpu-kernel-records", "1.0.0", stage_dir=dest, out=lambda line: None)
