@@ -193,3 +193,17 @@ def test_published_summary_carrying_statistics_is_refused(ws, damage, field):
     with pytest.raises(BuildError) as err:
         build([run], ws / "data", replace=True)
     assert (err.value.rule, err.value.field) == ("published-summary", field)
+
+
+def test_measure_captures_with_the_allow_list_the_builder_applies():
+    """One allow-list: what the measure job records is what the builder accepts (records.secrets)."""
+    from measure import environment
+    from records import secrets
+
+    assert environment.ALLOWED_NAMES == secrets.ALLOWED_NAMES
+    assert environment.ALLOWED_PREFIXES == secrets.ALLOWED_PREFIXES
+    assert environment.SECRET_MARKERS == secrets.SECRET_MARKERS
+    captured = environment.allowed_env_vars({"XLA_FLAGS": "--x", "HF_TOKEN": "hf_" + "a" * 34, "HOME": "/root",
+                                             "TPU_ACCELERATOR_TYPE": "v5litepod-8", "JAX_API_KEY": "k" * 10})
+    assert all(secrets.env_var_allowed(name) for name in captured)
+    assert set(captured) == {"XLA_FLAGS", "TPU_ACCELERATOR_TYPE"}
