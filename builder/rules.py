@@ -11,6 +11,8 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
   min/max/quartiles, no confidence intervals;
 * every pair names cases of the run, once, and has a positive ratio;
 * a CPU or interpret-mode run only with ``allow_interpret``; every row of its tables then says so;
+* a ``grader-power`` record (``builder.grader_power``: the grader's power summary, measured on a CPU,
+  no benchmark cases) needs no ``allow_interpret``: it states no kernel speed; its summary is checked;
 * every recorded environment variable is on the allow-list (``records.secrets``): one outside it is
   refused, not dropped;
 * a ``measured`` run holds every case and pair of its profile and scopes, and every derived number
@@ -116,7 +118,10 @@ def _check_correctness(correctness: dict[str, Any]) -> None:
         if not card["passed"]:
             raise RunError("correctness", "correctness.json", f"scorecards/{i}/passed",
                            f"{name!r} is marked as not passed")
-    power = correctness["power"]
+    _check_power(correctness["power"])
+
+
+def _check_power(power: dict[str, Any] | None) -> None:
     if power is not None:
         try:
             json.dumps(power, allow_nan=False)
@@ -144,6 +149,27 @@ def _check_correctness(correctness: dict[str, Any]) -> None:
             if not (isinstance(by, dict) and all(isinstance(n, int) and n >= 0 for n in by.values())):
                 raise RunError("power-format", "correctness.json", f"{where}/rejected_by",
                                "must map check names to counts")
+            trials = entry.get("trials")
+            if trials is not None:
+                for key, value in [("rejected", entry.get("rejected")), *((f"rejected_by/{k}", n) for k, n in by.items())]:
+                    if value is not None and value > trials:
+                        raise RunError("power-derived", "correctness.json", f"{where}/{key}",
+                                       f"{value} rejections in {trials} trials")
+        _check_power_totals(power, candidates)
+
+
+def _check_power_totals(power: dict[str, Any], candidates: list[dict[str, Any]]) -> None:
+    """The summary's totals follow from its candidates (as ``grading.power`` computes them)."""
+    correct = [e for e in candidates if e.get("expected") == "pass"]
+    bad = [e for e in candidates if e.get("expected") == "reject"]
+    totals = {"false_rejects": sum(e.get("rejected") or 0 for e in correct),
+              "correct_trials": sum(e.get("trials") or 0 for e in correct),
+              "missed_bad": sum((e.get("trials") or 0) - (e.get("rejected") or 0) for e in bad),
+              "bad_trials": sum(e.get("trials") or 0 for e in bad)}
+    for key, value in totals.items():
+        if key in power and power[key] != value:
+            raise RunError("power-derived", "correctness.json", f"power/{key}",
+                           f"recorded {power[key]!r}, but the candidates give {value}")
 
 
 def _check_case(i: int, case: dict[str, Any], benchmark: dict[str, Any], summary: bool, files: set[str]) -> None:
@@ -215,9 +241,10 @@ def accept(run: dict[str, Any], *, allow_interpret: bool = False) -> Accepted:
     """Apply every rule to a run read by ``rawio.read_run``; return it accepted or raise ``RunError``."""
     env, benchmark = run["environment"], run["benchmark"]
     _check_consistency(run)
+    grader_power = env["source"] == "grader-power"
     interpret = (env["interpret"] or env["platform"] == "cpu"
                  or any(case["interpret"] for case in benchmark["cases"]))
-    if interpret and not allow_interpret:
+    if interpret and not allow_interpret and not grader_power:
         field = "interpret" if env["interpret"] else "platform"
         raise RunError("interpret", "environment.json", field,
                        "a CPU/interpret-mode run says nothing about kernel speed; pass --allow-interpret to "
@@ -232,6 +259,9 @@ def accept(run: dict[str, Any], *, allow_interpret: bool = False) -> Accepted:
             raise RunError("env-allow-list", "environment.json", f"env_vars/{name}",
                            "not on the environment allow-list (records.secrets); a run records only "
                            "allow-listed variables, so this one is refused rather than dropped")
+    if grader_power:  # the grader's power, measured on a CPU: no kernel is timed or graded as the record's
+        _check_power(run["correctness"]["power"])
+        return Accepted(env["run_id"], run, interpret, expected)
     _check_correctness(run["correctness"])
     _check_benchmark(benchmark, set(run["manifest"]["files"]))
     if benchmark["source"] == "measured":

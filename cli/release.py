@@ -17,15 +17,37 @@ from builder.publish import HUB_STATUS
 PUBLISH_STATUS = ", ".join(f"{status} {kind}" for kind, status in HUB_STATUS.items())
 
 
-def _cmd_build(args: argparse.Namespace) -> int:
-    from builder.build import BuildError, build
+def _grader_power_run(power_json: Path, out: Path) -> Path:
+    """Wrap a ``tpu-kernel-rubric --power --json`` summary with this machine's environment (see
+    ``builder.grader_power``): run it where the sweep ran."""
+    import jax
 
-    try:
-        ids = build(args.run_dirs, args.data, args.card, allow_interpret=args.allow_interpret,
-                    replace=args.replace, progress=not args.quiet)
-    except BuildError as e:
-        print(f"build refused, nothing written: {e}", file=sys.stderr)
-        return 1
+    from builder.grader_power import SOURCE, write_power_run
+    from measure import environment
+
+    created = environment.utc_now()
+    run_id = f"{SOURCE}-{created:%Y%m%dt%H%M%Sz}"
+    env = environment.capture(run_id=run_id, created=created, profile=SOURCE, devices_used=1,
+                              interpret=jax.default_backend() == "cpu")
+    return write_power_run(power_json, out, env)
+
+
+def _cmd_build(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from builder.build import BuildError, build
+    from records.rawio import RunError
+
+    with tempfile.TemporaryDirectory(prefix="tpu-kernel-records-power-") as tmp:
+        run_dirs = list(args.run_dirs)
+        try:
+            if args.grader_power is not None:
+                run_dirs.append(_grader_power_run(args.grader_power, Path(tmp)))
+            ids = build(run_dirs, args.data, args.card, allow_interpret=args.allow_interpret,
+                        replace=args.replace, progress=not args.quiet)
+        except (BuildError, RunError, ValueError) as e:
+            print(f"build refused, nothing written: {e}", file=sys.stderr)
+            return 1
     if not args.quiet:
         print(f"built {', '.join(ids) if ids else 'no new record (regenerated from data/raw)'} into {args.data}")
     return 0
@@ -87,6 +109,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--allow-interpret", action="store_true",
                    help="accept CPU / interpret-mode runs (flagged interpret=true in every row)")
     p.add_argument("--replace", action="store_true", help="replace records whose id already exists")
+    p.add_argument("--grader-power", type=Path, metavar="POWER_JSON", default=None,
+                   help="also add a grader-power record: a `tpu-kernel-rubric --power --json` summary, wrapped "
+                        "with this machine's environment (run it where the sweep ran; labelled CPU-measured)")
     p.set_defaults(func=_cmd_build)
 
     p = subparsers.add_parser(
