@@ -1,13 +1,20 @@
 """``tpu-kernel-rubric``: grade attention candidates, list the built-ins, or measure the grader's power.
 
+Every candidate runs in its own worker process (``grading.sandbox``): allow-listed environment (no
+tokens or credentials), its own empty temporary folder as working directory and home, closed stdin,
+a wall-clock limit (``--timeout``) and an address-space limit (``--memory-limit``); the worker and
+every process it started are killed before the next candidate is graded.
+
 Exit status: 0 when every named candidate passed every check (``--power``: no correct candidate
-rejected and every known-bad one rejected on every seed), 1 when one did not, 2 for a usage error or a
-candidate that could not be loaded.
+rejected and every known-bad one rejected on every seed), 1 when one did not (a candidate that could
+not be loaded is a failing scorecard), 2 for a usage error only. ``--json`` is written atomically once
+no candidate process is alive, and its sha256 is printed, so a later change is detectable.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import sys
@@ -17,6 +24,8 @@ from pathlib import Path
 from typing import Sequence
 
 from grading.candidates import BUILTIN, CandidateSpecError, resolve
+from grading.runner import DEFAULT_TIME_LIMIT_S
+from grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -34,8 +43,17 @@ def _parser() -> argparse.ArgumentParser:
                    help="a built-in name (see --list), path/to/file.py:function or package.module:function; "
                         "repeat for several")
     p.add_argument("--seed", type=int, default=0, help="seed of the fresh inputs (default 0)")
-    p.add_argument("--time-limit", type=float, default=120.0, metavar="SECONDS",
-                   help="time budget of each candidate, all calls together (default 120)")
+    p.add_argument("--quick", action="store_true",
+                   help="grade at the quick level (small fixed shapes, for fast tests) instead of the full "
+                        "problem distribution")
+    p.add_argument("--timeout", "--time-limit", dest="time_limit", type=_positive, default=DEFAULT_TIME_LIMIT_S,
+                   metavar="SECONDS",
+                   help=f"wall-clock seconds each candidate's worker may take per scorecard, all calls together "
+                        f"(loading included, interpreter start not); past it the worker and every process it "
+                        f"started are killed and the remaining checks fail (default {DEFAULT_TIME_LIMIT_S:g})")
+    p.add_argument("--memory-limit", type=_non_negative, default=DEFAULT_MEMORY_LIMIT_GB, metavar="GB",
+                   help=f"address-space limit of each candidate's worker in GiB, 0 for none "
+                        f"(default {DEFAULT_MEMORY_LIMIT_GB:g}; JAX on CPU needs about 2 to start)")
     p.add_argument("--json", type=Path, metavar="PATH",
                    help='write {"scorecards": [...]} (with --power: {"power": {...}}) atomically')
     p.add_argument("--list", action="store_true", help="list the built-in candidates and exit")
@@ -48,7 +66,40 @@ def _parser() -> argparse.ArgumentParser:
                    help="seeds for kind=kernel candidates in --power (default: --seeds)")
     p.add_argument("--markdown", type=Path, metavar="PATH", help="with --power: write the Markdown report")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("tpu-kernel-records")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    """Write ``doc`` atomically once no candidate process is alive; print the file's sha256."""
+    from grading.sandbox import close_all
+
+    close_all()
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    write_atomic(path, text)
+    print(f"wrote {path} (sha256 {hashlib.sha256(text.encode()).hexdigest()})")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -105,11 +156,11 @@ def _power(args) -> int:
     report = power_markdown(power)
     print(report, end="")
     if args.json:
-        write_atomic(args.json, json.dumps({"power": power}, indent=2, allow_nan=False) + "\n")
+        _write_json(args.json, {"power": power})
     if args.markdown:
         write_atomic(args.markdown, report)
     if any(e["load_error"] for e in power["candidates"]):
-        return EXIT_USAGE
+        return EXIT_FAILED
     return EXIT_OK if power["false_rejects"] == 0 and power["missed_bad"] == 0 else EXIT_FAILED
 
 
@@ -127,23 +178,22 @@ def _grade(args) -> int:
 
     from grading.rubric import grade_all
 
-    cards = grade_all(cands, seed=args.seed, progress=not args.quiet, time_limit_s=args.time_limit)
+    level = "quick" if args.quick else "full"
+    cards = grade_all(cands, seed=args.seed, level=level, progress=not args.quiet, time_limit_s=args.time_limit,
+                      memory_limit_gb=args.memory_limit)
     for card in cards:
         print(format_scorecard(card))
         print()
     if args.json:
-        doc = {"scorecards": [c.to_dict() for c in cards], "seed": args.seed}
-        write_atomic(args.json, json.dumps(doc, indent=2, allow_nan=False) + "\n")
-    if any(c.error for c in cards):
-        return EXIT_USAGE
+        _write_json(args.json, {"scorecards": [c.to_dict() for c in cards], "seed": args.seed, "level": level})
     return EXIT_OK if all(c.passed for c in cards) else EXIT_FAILED
 
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
     full = _parser()
-    grade_opts = {"--candidate", "--seed", "--time-limit", "--json", "--list", "--quiet"}
-    power_opts = {"--candidate", "--seeds", "--first-seed", "--kernel-seeds", "--time-limit", "--json",
+    grade_opts = {"--candidate", "--seed", "--quick", "--timeout", "--memory-limit", "--json", "--list", "--quiet"}
+    power_opts = {"--candidate", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
                   "--markdown", "--quiet"}
     for name, opts, func, help_text in (
             ("grade", grade_opts, _grade, "grade attention candidates with the correctness rubric"),

@@ -1,21 +1,28 @@
 """Correctness rubric: grade any candidate that follows the contract and return a scorecard.
 
 ``grade("pallas")`` runs every check in ``grading.checks.CHECKS`` (then ``finite``) on fresh inputs drawn
-from ``seed`` and returns a :class:`Scorecard`. Nothing a candidate does escapes as a traceback: a load
-error, an exception, a hang past ``time_limit_s`` (the whole candidate's budget, in seconds), a wrong
-shape or dtype, NaN or Inf all become failed checks whose ``detail`` says what was observed. The
-tolerance policy is documented in ``grading.tolerance``.
+from ``seed`` and returns a :class:`Scorecard`. The candidate runs in its own worker process
+(``grading.runner``, ``grading.sandbox``): it sees only the problem inputs, never the truth, the
+reference's baseline or the grader's state, and every process it starts is killed before the next
+candidate is graded. Nothing a candidate does escapes as a traceback or changes another candidate's
+scorecard: a load error, an exception, any exit status, a signal, a hang past ``time_limit_s``
+(seconds of waiting on the worker per scorecard), memory past ``memory_limit_gb`` (the worker's
+address space), a wrong shape or dtype, NaN or Inf, inputs written into: each becomes failed checks
+whose ``detail`` says what was observed. The tolerance policy is documented in ``grading.tolerance``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Sequence
 
 from tqdm.auto import tqdm
 
 from grading import checks as C
-from grading.candidates import Candidate, CandidateLoadError, resolve
+from grading.candidates import Candidate, resolve
+from grading.runner import DEFAULT_TIME_LIMIT_S, Runner
+from grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
 
 
 @dataclass
@@ -32,7 +39,12 @@ class CheckResult:
     baseline_error: float | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """JSON-safe: a non-finite number becomes None (``json.dumps(..., allow_nan=False)`` holds)."""
+        return {k: _json_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+
+
+def _json_number(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
 
 
 @dataclass
@@ -63,7 +75,7 @@ class Scorecard:
         return [c.name for c in self.checks if not c.passed]
 
     def to_dict(self) -> dict:
-        """The ``$defs/scorecard`` object of ``measure/schemas/correctness.schema.json``."""
+        """The ``$defs/scorecard`` object of ``records/schemas/correctness.schema.json``."""
         return {"candidate": self.candidate, "kind": self.kind, "passed": self.passed, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "checks": [c.to_dict() for c in self.checks]}
 
@@ -72,20 +84,48 @@ def _all_failed(reason: str) -> list[CheckResult]:
     return [CheckResult(spec.name, False, 0.0, float(spec.points), reason) for spec in (*C.CHECKS, C.FINITE)]
 
 
-def grade(candidate: str | Candidate, *, seed: int = 0, time_limit_s: float = 120.0) -> Scorecard:
-    """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate).
+def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
+          time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> Scorecard:
+    """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate)
+    in a worker process of its own, killed (with everything it started) before this returns.
 
-    ``time_limit_s`` bounds the time spent inside the candidate's calls, all together; once it runs
-    out, the remaining checks fail as "not run". Raises ``CandidateSpecError`` only for a malformed spec.
+    ``level``: "full" (the problem distribution of ``grading.problems``) or "quick" (small fixed shapes,
+    for fast tests). ``time_limit_s``: seconds of waiting on the candidate per scorecard, all calls together (loading
+    included, the worker's interpreter and JAX start not); once it runs out, the worker is killed and
+    the remaining checks fail as "not run". ``memory_limit_gb``: the worker's address-space limit
+    (0: none). Raises ``CandidateSpecError`` only for a malformed spec.
+    """
+    return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s,
+                       memory_limit_gb=memory_limit_gb)[0]
+
+
+def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str = "full",
+                time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> list[Scorecard]:
+    """``grade`` on each of ``seeds`` with one worker (JAX starts, and compiles, once for them all).
+
+    A worker that died or ran out of time is replaced by a fresh one for the next seed, so each
+    scorecard is what that seed alone gives. Every process the candidate started is killed before
+    this returns.
     """
     cand = resolve(candidate)
+    runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb)
+    cards = []
     try:
-        fn = cand.load()
-    except CandidateLoadError as e:
-        return Scorecard(cand.name, cand.kind, _all_failed(f"not run: {e}"), error=str(e), seed=seed)
+        for seed in seeds:
+            runner.new_scorecard()
+            error = None if runner.alive else runner.start()
+            if error is not None:
+                cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed))
+                continue
+            cards.append(_run_checks(runner, cand, seed, level))
+    finally:
+        runner.close()
+    return cards
 
-    runner = C.Runner(fn, time_limit_s)
-    ctx = C.Context(runner, seed)
+
+def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str) -> Scorecard:
+    ctx = C.Context(runner, seed, level=level)
     results, verdicts = [], {}
     for spec in C.CHECKS:
         runner.check = spec.name
@@ -115,13 +155,16 @@ def _finite(runner: C.Runner) -> CheckResult:
                        f"all {runner.returned} arrays returned (outputs and gradients) were finite")
 
 
-def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, progress: bool = True,
-              time_limit_s: float = 120.0) -> list[Scorecard]:
-    """``grade`` each candidate in turn (tqdm progress bar when ``progress``)."""
+def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: str = "full", progress: bool = True,
+              time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+              memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> list[Scorecard]:
+    """``grade`` each candidate in turn, each in its own worker (tqdm progress bar when ``progress``).
+
+    When this returns, no process any candidate started is alive."""
     bar = tqdm(list(candidates), desc="rubric", unit="candidate", disable=not progress)
     cards = []
     for cand in bar:
         name = cand.name if isinstance(cand, Candidate) else str(cand)
         bar.set_postfix_str(name)
-        cards.append(grade(cand, seed=seed, time_limit_s=time_limit_s))
+        cards.append(grade(cand, seed=seed, level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb))
     return cards

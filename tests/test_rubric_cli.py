@@ -1,6 +1,9 @@
-"""tpu-kernel-rubric: exit codes 0/1/2, readable scorecards, schema-valid --json, --list."""
+"""tpu-kernel-rubric: exit codes 0/1/2, readable scorecards, schema-valid --json (with its sha256
+printed), --list, --version, --timeout (alias --time-limit). Graded at the quick level."""
 
+import hashlib
 import json
+import re
 
 import pytest
 
@@ -17,8 +20,10 @@ def _valid(doc):
 
 def test_passing_candidate_exits_0_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sub" / "cards.json"
-    assert main(["--candidate", "reference", "--json", str(out), "--quiet"]) == 0
+    assert main(["--candidate", "reference", "--json", str(out), "--quiet", "--quick"]) == 0
     text = capsys.readouterr().out
+    printed = re.search(r"wrote .*cards.json \(sha256 ([0-9a-f]{64})\)", text).group(1)
+    assert printed == hashlib.sha256(out.read_bytes()).hexdigest()
     assert "reference [reference] PASSED 100/100" in text and "PASS  causal-leak" in text
     doc = json.loads(out.read_text())
     assert [c["candidate"] for c in doc["scorecards"]] == ["reference"]
@@ -32,7 +37,7 @@ def test_passing_candidate_exits_0_and_writes_json(tmp_path, capsys):
 def test_failing_candidate_exits_1(tmp_path, capsys):
     out = tmp_path / "cards.json"
     assert main(["--candidate", "reference", "--candidate", "ignores-causal", "--json", str(out),
-                 "--quiet"]) == 1
+                 "--quiet", "--quick"]) == 1
     text = capsys.readouterr().out
     assert "ignores-causal [known-bad] FAILED" in text and "FAIL  causal-leak" in text
     doc = json.loads(out.read_text())
@@ -41,15 +46,18 @@ def test_failing_candidate_exits_1(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv", [[], ["--candidate", "no-such-candidate"], ["--candidate", "x.py"],
-                                  ["--power"], ["--seed", "not-a-number", "--candidate", "reference"]])
+                                  ["--power"], ["--seed", "not-a-number", "--candidate", "reference"],
+                                  ["--timeout", "0", "--candidate", "reference"],
+                                  ["--time-limit", "nan", "--candidate", "reference"],
+                                  ["--memory-limit", "-1", "--candidate", "reference"]])
 def test_usage_errors_exit_2(argv, capsys):
     assert main(argv) == 2
     assert capsys.readouterr().err
 
 
-def test_load_error_exits_2_with_a_scorecard(tmp_path, capsys):
+def test_load_error_is_a_failing_scorecard_exit_1(tmp_path, capsys):
     out = tmp_path / "cards.json"
-    assert main(["--candidate", f"{tmp_path / 'absent.py'}:attention", "--json", str(out), "--quiet"]) == 2
+    assert main(["--candidate", f"{tmp_path / 'absent.py'}:attention", "--json", str(out), "--quiet"]) == 1
     assert "could not be graded" in capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert doc["scorecards"][0]["error"] and doc["scorecards"][0]["kind"] == "external"
@@ -66,4 +74,16 @@ def test_list_names_every_builtin(capsys):
 
 def test_help_exits_0(capsys):
     assert main(["--help"]) == 0
-    assert "--candidate" in capsys.readouterr().out
+    text = capsys.readouterr().out
+    assert "--candidate" in text and "--timeout" in text and "--memory-limit" in text
+
+
+def test_version_exits_0(capsys):
+    from importlib.metadata import version
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"tpu-kernel-rubric {version('tpu-kernel-records')}"
+
+
+def test_time_limit_is_an_alias_of_timeout():
+    from cli.rubric import _parser
+    assert _parser().parse_args(["--time-limit", "7"]).time_limit == _parser().parse_args(["--timeout", "7"]).time_limit == 7
