@@ -251,3 +251,24 @@ def test_truth_takes_bfloat16_values_exactly():
     got = oracle.attention(qb, kb, vb, **kw).out
     assert got.dtype == np.float64
     assert np.array_equal(got, oracle.attention(*exact, **kw).out)
+
+
+@pytest.mark.skipif(not hasattr(oracle, "masked_softmax"), reason="grading.oracle has no masked_softmax yet")
+@pytest.mark.parametrize("causal, lengths", [(False, None), (True, None), (True, [0, 3]), (False, [5, 1])])
+def test_masked_softmax_is_the_contract_softmax(causal, lengths):
+    rng = np.random.default_rng(11)
+    logits = rng.standard_normal((2, 3, 4, 5)) * 4
+    got = oracle.masked_softmax(logits, causal=causal, kv_lengths=None if lengths is None else np.array(lengths))
+    i, j = np.arange(4)[:, None], np.arange(5)[None, :]
+    seen = np.ones((2, 1, 4, 5), bool)
+    if causal:
+        seen &= j <= i + 1
+    if lengths is not None:
+        seen &= j < np.array(lengths)[:, None, None, None]
+    w = np.exp(logits) * seen
+    total = w.sum(-1, keepdims=True)
+    want = np.divide(w, total, out=np.zeros_like(w), where=total > 0)
+    assert got.dtype == np.float64 and np.allclose(got, want, rtol=1e-13, atol=0)
+    assert np.all(got[~seen.repeat(3, 1)] == 0)
+    empty = ~seen.any(-1)
+    assert np.all(got.sum(-1)[np.broadcast_to(empty, got.shape[:-1])] == 0)
