@@ -188,13 +188,18 @@ def outside_ops(hlo_text: str) -> list[dict[str, Any]]:
 
 
 def kernels(hlo_text: str) -> list[dict[str, Any]]:
-    """Each Pallas TPU kernel: its name, the VMEM it reserves, its result bytes."""
+    """Each Pallas TPU kernel: its name, the VMEM it reserves, its result bytes, and the FLOPs
+    and bytes its ``pl.CostEstimate`` declares (``None`` when it declares none)."""
     found = []
     for op in entry_ops(hlo_text):
         if _is_kernel(op):
             vmem = re.findall(r'"used_scoped_memory_configs":\[[^\]]*?"size":"(\d+)"', op["attrs"])
+            declared = re.search(r'"cost_estimate":\{"flops":"(\d+)","transcendentals":"(\d+)",'
+                                 r'"bytes_accessed":"(\d+)"', op["attrs"])
             found.append(dict(name=op["name"], vmem_bytes=max(map(int, vmem), default=None),
-                              result_bytes=_array_bytes(op["shape"])))
+                              result_bytes=_array_bytes(op["shape"]),
+                              declared_flops=int(declared.group(1)) if declared else None,
+                              declared_bytes=int(declared.group(3)) if declared else None))
     return found
 
 

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from cli import release, rubric
+from cli import plan, release, rubric
 from bench.cases import PROFILES, SCOPES
 from records.schema import VERSION
 
@@ -74,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_measure_parser(subparsers)
     rubric.register(subparsers)
     release.register(subparsers)
+    plan.register(subparsers)
     return parser
 
 

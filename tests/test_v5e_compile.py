@@ -143,3 +143,32 @@ def test_facts_name_the_relayouts_around_a_kernel():
     facts = compiled.analyse(compiled.compile_program(double_transposed, (x,)))
     assert len(facts["kernels"]) == 1
     assert facts["outside_bytes"] >= 2 * 1024 * 256 * 4, facts
+
+
+def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction():
+    from bench import plan, roofline
+
+    row = plan.plan_row("tpu-v5e", 128, "fwd")
+    batch, hq, hk, d = row["batch"], row["num_q_heads"], row["num_kv_heads"], row["head_dim"]
+    q_bytes, kv_bytes = batch * 128 * hq * d * 2, batch * 128 * hk * d * 2
+    lse_floor = batch * 128 * hq * 4  # at least one fp32 log-sum-exp per row and head
+    assert row["flash_kernel_bytes"] >= 2 * q_bytes + 2 * kv_bytes
+    assert row["flash_kernel_bytes"] <= 2 * q_bytes + 2 * kv_bytes + 128 * lse_floor + 64
+    causal_pairs = roofline.visible_pairs(128, 128, True, None, batch)
+    assert row["flash_kernel_flops"] == 4 * hq * d * causal_pairs  # two matmuls, causal half
+    assert row["xla_flops"] > row["flash_kernel_flops"]  # the reference computes every logit
+    assert 0 < row["flash_over_xla"] < 10
+    text = plan.render_markdown([row], "tpu-v5e", "tpu-kernel-records plan --seq 128")
+    assert "Predicted by the TPU compiler, not measured" in text
+    assert "| 128 | 8 | fwd |" in text
+
+
+def test_plan_command_refuses_in_one_line_without_libtpu(monkeypatch, tmp_path, capsys):
+    from cli.main import main
+
+    monkeypatch.setattr(compiled, "unavailable_reason", lambda: "libtpu is not installed")
+    out = tmp_path / "PLAN.md"
+    assert main(["plan", "--seq", "128", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "libtpu is not installed" in err
+    assert not out.exists()

@@ -138,16 +138,44 @@ def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_re
         dv_ref[...] = dv_scratch[...].astype(dv_ref.dtype)
 
 
-def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, semantics):
-    call = pl.pallas_call(
-        kernel,
-        grid_spec=pltpu.PrefetchScalarGridSpec(
-            num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
-            scratch_shapes=[pltpu.VMEM(shape, F32) for shape in scratch]),
-        out_shape=out_shape,
-        compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
-        interpret=plan.interpret,
-    )
+def _visible_pairs(plan: Plan) -> int:
+    """(query, key) pairs one query head of one sequence may see, every key valid."""
+    if not plan.causal:
+        return plan.q_len * plan.kv_len
+    offset = plan.kv_len - plan.q_len  # bottom-right: row i sees keys j <= i + offset
+    return sum(min(plan.kv_len, max(0, i + offset + 1)) for i in range(plan.q_len))
+
+
+def _least_cost(plan: Plan, matmuls: int, head_dim: int, arrays, out_shape) -> pl.CostEstimate:
+    """A kernel's least work, declared so XLA's cost analysis counts it (else it counts nothing).
+
+    FLOPs: ``matmuls`` products of width ``head_dim`` over the visible pairs of every query head
+    (causal counts about half; ``kv_lengths`` are runtime values, so every key counts), one
+    ``exp`` per pair, and every operand read once and every result written once (bytes).
+    """
+    batch = arrays[0].shape[0]
+    pairs = batch * plan.num_q_heads * _visible_pairs(plan)
+    nbytes = sum(x.size * x.dtype.itemsize for x in (*arrays, *jax.tree.leaves(out_shape)))
+    return pl.CostEstimate(flops=2 * matmuls * head_dim * pairs, transcendentals=pairs,
+                           bytes_accessed=nbytes)
+
+
+def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, semantics,
+          matmuls: int):
+    """The pallas_call of ``kernel``, declaring ``matmuls`` products per visible pair."""
+
+    def call(lengths, *arrays):
+        d = arrays[0].shape[2] // plan.num_q_heads
+        return pl.pallas_call(
+            kernel,
+            grid_spec=pltpu.PrefetchScalarGridSpec(
+                num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                scratch_shapes=[pltpu.VMEM(shape, F32) for shape in scratch]),
+            out_shape=out_shape,
+            compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
+            cost_estimate=_least_cost(plan, matmuls, d, (lengths, *arrays), out_shape),
+            interpret=plan.interpret,
+        )(lengths, *arrays)
     return backend.compiled_call(("tpu",), call, plan.interpret)
 
 
@@ -200,7 +228,7 @@ def forward(q, k, v, lengths, plan: Plan):
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
                    jax.ShapeDtypeStruct((batch, q_pad, plan.num_q_heads * LANES), F32)],
         scratch=[(bq, LANES), (bq, LANES), (bq, d)], plan=plan,
-        semantics=("parallel", "parallel", "parallel", "arbitrary"),
+        semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=2,
     )(lengths, q, k, v)
 
 
@@ -220,7 +248,7 @@ def _backward_kernels(q, k, v, lengths, lse, di, do, plan: Plan):
         functools.partial(_dq_kernel, plan=plan, num_k_blocks=grid[3]), grid,
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec], out_specs=q_spec,
         out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype), scratch=[(bq, d)], plan=plan,
-        semantics=("parallel", "parallel", "parallel", "arbitrary"),
+        semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=3,
     )(lengths, q, k, v, do, lse, di)
 
     bq, bk = blocks.block_q_dkv, blocks.block_k_dkv
@@ -235,7 +263,7 @@ def _backward_kernels(q, k, v, lengths, lse, di, do, plan: Plan):
         out_specs=[kv_spec, kv_spec],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch=[(bk, d), (bk, d)], plan=plan,
-        semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary"),
+        semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary"), matmuls=4,
     )(lengths, q, k, v, do, lse, di)
     return dq, dk, dv
 
