@@ -10,6 +10,7 @@ decisions: an edit of ``K_FORWARD``, ``K_GRADIENT`` or ``FLOOR_EPS`` that the me
 
 from __future__ import annotations
 
+import inspect
 import math
 
 import numpy as np
@@ -39,6 +40,9 @@ def _spike(size: float) -> np.ndarray:
 
 def _spread(size: float) -> np.ndarray:
     return np.full(N, size) * np.where(np.arange(N) % 2, 1.0, -1.0)
+
+
+JUDGE_ARGS = set(inspect.signature(judge).parameters)
 
 
 def _k(gradient: bool) -> float:
@@ -111,6 +115,10 @@ def test_verdict_needs_both_errors_in_bounds():
         v = Verdict("v", Error(norm, worst, (3,)), base, 1.0, 1.0)
         assert v.ok is ok, (norm, worst)
         assert v.ratio == pytest.approx(max(norm, worst))
+        scaled = Verdict("v", Error(norm * 0.25, worst * 4.0, (3,)), base, 0.25, 4.0)
+        assert scaled.ok is ok and scaled.ratio == pytest.approx(max(norm, worst))
+    tie = Verdict("v", Error(0.5, 2.0, (3,)), base, 1.0, 4.0)
+    assert tie.binding[0] == "norm-wise" and " at " not in tie.describe()
     # Through judge: a candidate over on one error only fails.
     truth, mag = _tensors(4)
     baseline = truth + _spread(1e-4)
@@ -181,10 +189,20 @@ def test_needed_k_and_floor_are_the_smallest_that_pass():
             policy = Policy(floor_eps=ulps * factor)
             assert judge("t", truth + _spread(9 * level), truth, baseline, "float32", gradient=gradient,
                          magnitude=mag, policy=policy).ok is ok
+    # Worst-element binding: a spike over a spread baseline.
+    spike = judge("t", truth + _spike(20 * level), truth, baseline, "float32", gradient=False, magnitude=mag)
+    assert needed_floor(spike) == pytest.approx((20 - CALIBRATED["forward"]) * level / ULP, rel=1e-9)
+    assert needed_k(spike) == pytest.approx((20 * level - CALIBRATED["floor_ulps"] * ULP) / level, rel=1e-9)
     within = judge("t", truth + _spread(0.5 * ULP), truth, truth.copy(), "float32", gradient=False, magnitude=mag)
     assert needed_k(within) == 0.0 and needed_floor(within) == pytest.approx(0.5, rel=1e-9)
     exact_base = judge("t", truth + _spread(4 * ULP), truth, truth.copy(), "float32", gradient=False, magnitude=mag)
     assert math.isinf(needed_k(exact_base))  # no k helps when the reference is exact
+
+
+def test_eps_are_the_machine_epsilons():
+    import jax.numpy as jnp
+
+    assert tolerance.EPS == {"float32": float(np.finfo(np.float32).eps), "bfloat16": float(jnp.finfo(jnp.bfloat16).eps)}
 
 
 def test_the_policy_reports_what_it_applies():
@@ -206,3 +224,45 @@ def test_describe_names_the_binding_error_its_bound_and_the_outcome():
     assert " <= tol " in good.describe() and good.binding[0] in ("norm-wise", "worst-element")
     metric, err, tol, base = bad.binding
     assert (metric, err, tol, base) == ("worst-element", bad.candidate.worst, bad.tol_worst, bad.baseline.worst)
+
+
+@pytest.mark.skipif("alternative" not in JUDGE_ARGS, reason="judge has no alternative baseline yet")
+def test_an_alternative_rounding_raises_each_bound_to_the_larger_baseline_error():
+    """dK/dV may round each query head's contribution before the group sum: the bound is then set,
+    metric by metric, by the larger of the reference's error and that rounding's error."""
+    truth, mag = _tensors(9)
+    level = 1e-4
+    baseline = truth + _spread(level)  # norm = worst = level
+    alternative = truth + _spike(3 * level)  # norm 3 level / 8, worst 3 level
+    k, floor = CALIBRATED["gradient"], CALIBRATED["floor_ulps"] * ULP
+    v = judge("dk", truth, truth, baseline, "float32", gradient=True, magnitude=mag, alternative=alternative)
+    assert v.tol_norm == pytest.approx(k * level + floor, rel=1e-12)
+    assert v.tol_worst == pytest.approx(k * 3 * level + floor, rel=1e-12)
+    swapped = judge("dk", truth, truth, alternative, "float32", gradient=True, magnitude=mag, alternative=baseline)
+    assert (swapped.tol_norm, swapped.tol_worst) == pytest.approx((v.tol_norm, v.tol_worst), rel=1e-12)
+    for factor, ok in ((1 - JUST, True), (1 + JUST, False)):
+        cand = truth + _spike(factor * v.tol_worst)
+        assert judge("dk", cand, truth, baseline, "float32", gradient=True, magnitude=mag,
+                     alternative=alternative).ok is ok
+    assert not judge("dk", truth + _spike(2 * k * level), truth, baseline, "float32", gradient=True,
+                     magnitude=mag).ok  # without the alternative the same spike fails
+
+
+@pytest.mark.skipif("logit_scale" not in JUDGE_ARGS, reason="judge has no logit_scale yet")
+@pytest.mark.parametrize("logit_scale, factor", [(0.25, 1.0), (1.0, 1.0), (40.0, 40.0), (math.inf, 1.0),
+                                                 (math.nan, 1.0)])
+def test_the_floor_grows_with_the_largest_logit(logit_scale, factor):
+    """float32 logits carry an absolute error of about |logit| eps: the floor is max(1, |logit|) ulps."""
+    truth, mag = _tensors(10)
+    floor = CALIBRATED["floor_ulps"] * ULP * factor
+    for just, ok in ((1 - JUST, True), (1 + JUST, False)):
+        v = judge("t", truth + _spike(just * floor), truth, truth.copy(), "float32", gradient=False,
+                  magnitude=mag, logit_scale=logit_scale)
+        assert v.ok is ok and v.tol_worst == pytest.approx(floor, rel=1e-12)
+    over = judge("t", truth + _spike(3 * floor), truth, truth.copy(), "float32", gradient=False, magnitude=mag,
+                 logit_scale=logit_scale)
+    assert needed_floor(over) == pytest.approx(3 * CALIBRATED["floor_ulps"], rel=1e-9)
+    base = truth + _spread(1e-5)
+    v = judge("t", truth + _spread(1e-4), truth, base, "float32", gradient=False, magnitude=mag,
+              logit_scale=logit_scale)
+    assert needed_k(v) == pytest.approx((1e-4 - floor) / 1e-5, rel=1e-9)
