@@ -10,6 +10,8 @@ through ``build`` writes nothing.)
 from __future__ import annotations
 
 import copy
+import dataclasses
+import json
 import math
 from typing import Any, Callable
 
@@ -27,7 +29,8 @@ def _run(documents: dict[str, Any]) -> dict[str, Any]:
     """What ``rawio.read_run`` returns for these documents (the manifest lists the three JSON files)."""
     files = {f"{name}.json": "0" * 64 for name in rawio.DOCUMENTS}
     manifest = {"format_version": 1, "run_id": documents["environment"]["run_id"], "files": files}
-    return {"manifest": manifest, **copy.deepcopy(documents)}
+    # Through JSON text, as read from a run folder (fresh strings, NaN allowed as in a hand-edited file).
+    return json.loads(json.dumps({"manifest": manifest, **documents}))
 
 
 def _base(kind: str) -> dict[str, Any]:
@@ -173,6 +176,13 @@ REFUSALS: dict[str, tuple] = {
                                         "power-format", "correctness.json", "power/candidates/0/intended_checks"),
     "power-rejected-by-not-counts": ("cpu", _set("correctness/power/candidates/0/rejected_by", {"x": -2}), True,
                                      "power-format", "correctness.json", "power/candidates/0/rejected_by"),
+    "power-rejections-exceed-trials": ("cpu", _set("correctness/power/candidates/0/rejected", 5), True,
+                                       "power-derived", "correctness.json", "power/candidates/0/rejected"),
+    "power-check-rejections-exceed-trials": ("cpu", _set("correctness/power/candidates/0/rejected_by",
+                                                         {"causal-mask": 9}), True, "power-derived",
+                                             "correctness.json", "power/candidates/0/rejected_by/causal-mask"),
+    "power-total-not-derived": ("cpu", _set("correctness/power/missed_bad", 3), True, "power-derived",
+                                "correctness.json", "power/missed_bad"),
     # Every case succeeded with a finite, positive median.
     "failed-case": ("cpu", _both(_set("benchmark/cases/3/status", "failed"), _set("benchmark/cases/3/error", "OOM")),
                     True, "benchmark-case", "benchmark.json", "cases/3/status"),
@@ -192,6 +202,8 @@ REFUSALS: dict[str, tuple] = {
                    "cases/1/median_ms"),
     # Measured cases: every sample, positive and finite; the whole shape; evidence files present.
     "sample-count": ("cpu", _drop_sample, True, "samples", "benchmark.json", "cases/2/samples_ms"),
+    "negative-sample": ("cpu", _set("benchmark/cases/2/samples_ms/0", -0.5), True, "samples", "benchmark.json",
+                        "cases/2/samples_ms/0"),
     "zero-sample": ("cpu", _set("benchmark/cases/0/samples_ms/1", 0.0), True, "samples", "benchmark.json",
                     "cases/0/samples_ms/1"),
     "nan-sample": ("cpu", _set("benchmark/cases/0/samples_ms/2", math.nan), True, "samples", "benchmark.json",
@@ -263,7 +275,53 @@ def test_a_duplicate_case_or_pair_is_named_where_it_repeats():
     assert err.value.field.startswith(f"pairs/{len(run['benchmark']['pairs']) - 1}") and "twice" in str(err.value)
 
 
-@pytest.mark.parametrize("accelerator, devices", sorted(rules.SLICE_DEVICES_BY_ACCELERATOR.items()))
+# Devices JAX shows on each single-host slice (one per chip; v2/v3 chips show two TensorCores each,
+# v4/v5p count two TensorCores per chip in the slice name): stated here independently of builder.rules.
+SLICES = {"v2-8": 8, "v3-8": 8, "v4-8": 4, "v5p-8": 4, "v5litepod-1": 1, "v5litepod-4": 4, "v5litepod-8": 8,
+          "v5e-1": 1, "v5e-4": 4, "v5e-8": 8, "v6e-1": 1, "v6e-4": 4, "v6e-8": 8}
+
+
+def test_the_slice_table_states_the_device_counts():
+    assert rules.SLICE_DEVICES_BY_ACCELERATOR == SLICES
+    assert rules.SLICE_DEVICES_BY_DEVICE_KIND == {"TPU v5 lite": 8, "TPU v5e": 8, "TPU v3": 8, "TPU v2": 8}
+
+
+def _power(run: dict, totals: dict) -> None:
+    run["correctness"]["power"]["candidates"] = [
+        {"candidate": "ignores-causal", "kind": "known-bad", "expected": "reject", "trials": 4, "rejected": 3,
+         "rejected_by": {"causal-mask": 3}},
+        {"candidate": "reference", "kind": "reference", "expected": "pass", "trials": 4, "rejected": 1,
+         "rejected_by": {"causal-mask": 1}},
+        {"candidate": "pallas", "kind": "kernel", "expected": "pass"},
+    ]
+    run["correctness"]["power"].update(totals)
+
+
+POWER_TOTALS = {"false_rejects": 1, "correct_trials": 4, "missed_bad": 1, "bad_trials": 4}
+
+
+def test_power_totals_that_follow_from_the_candidates_are_accepted():
+    run = _base("cpu")
+    _power(run, POWER_TOTALS)
+    rules.accept(run, allow_interpret=True)
+
+
+@pytest.mark.parametrize("key", sorted(POWER_TOTALS))
+def test_power_totals_that_do_not_follow_are_refused(key):
+    run = _base("cpu")
+    _power(run, {**POWER_TOTALS, key: POWER_TOTALS[key] + 1})
+    with pytest.raises(rawio.RunError) as err:
+        rules.accept(run, allow_interpret=True)
+    assert (err.value.rule, err.value.file, err.value.field) == ("power-derived", "correctness.json", f"power/{key}")
+
+
+def test_an_accepted_run_cannot_be_changed_afterwards():
+    accepted = rules.accept(_base("tpu"))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        accepted.interpret = True
+
+
+@pytest.mark.parametrize("accelerator, devices", sorted(SLICES.items()))
 def test_every_known_slice_needs_all_its_devices(accelerator, devices):
     env = {"platform": "tpu", "env_vars": {"TPU_ACCELERATOR_TYPE": accelerator}, "device_kind": "TPU v5 lite"}
     assert rules.expected_device_count(env) == devices
