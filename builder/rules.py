@@ -8,7 +8,8 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
 * every benchmark case succeeded, with a finite, positive median; a ``measured`` case also has exactly
   ``samples_per_case`` finite, positive samples and states its whole shape;
 * a ``published-summary`` (a card transcribed by hand) carries medians only: no samples, no
-  min/max/quartiles, no confidence intervals;
+  min/max/quartiles, no confidence intervals; its ratios are those of its medians up to the card's
+  rounding;
 * every pair names cases of the run, once, and has a positive ratio;
 * a CPU or interpret-mode run only with ``allow_interpret``; every row of its tables then says so;
 * a ``grader-power`` record (``builder.grader_power``: the grader's power summary, measured on a CPU,
@@ -235,6 +236,23 @@ def _check_benchmark(benchmark: dict[str, Any], files: set[str]) -> None:
         if summary and (pair["ci_low"] is not None or pair["ci_high"] is not None):
             raise RunError("published-summary", "benchmark.json", f"pairs/{i}/ci_low",
                            "a published summary has no samples, so no confidence interval")
+        if summary:
+            _check_published_ratio(i, pair, benchmark["cases"][ids[pair["numerator"]]]["median_ms"],
+                                   benchmark["cases"][ids[pair["denominator"]]]["median_ms"])
+
+
+# A published card prints ratios to 2 decimals and medians to 4 decimals (in ms).
+PUBLISHED_RATIO_DIGITS, PUBLISHED_MEDIAN_DIGITS = 2, 4
+
+
+def _check_published_ratio(i: int, pair: dict[str, Any], numerator_ms: float, denominator_ms: float) -> None:
+    """A transcribed ratio must be the ratio of its transcribed medians, up to the card's rounding."""
+    ratio = numerator_ms / denominator_ms
+    half = 0.5 * 10.0 ** -PUBLISHED_MEDIAN_DIGITS
+    allowed = 0.5 * 10.0 ** -PUBLISHED_RATIO_DIGITS + ratio * (half / numerator_ms + half / denominator_ms) + 1e-9
+    if abs(pair["ratio"] - ratio) > allowed:
+        raise RunError("derived", "benchmark.json", f"pairs/{i}/ratio",
+                       f"{pair['ratio']!r}, but its medians give {ratio:.4f} (allowing the card's rounding)")
 
 
 def accept(run: dict[str, Any], *, allow_interpret: bool = False) -> Accepted:

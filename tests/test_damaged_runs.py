@@ -186,13 +186,18 @@ def test_damaged_tpu_run_is_refused(ws, damage, rule, field):
     assert (err.value.rule, err.value.field) == (rule, field)
 
 
-@pytest.mark.parametrize("damage, field", [(_summary_statistics, "cases/0/min_ms"), (_summary_ci, "pairs/0/ci_low")])
-def test_published_summary_carrying_statistics_is_refused(ws, damage, field):
+@pytest.mark.parametrize("damage, rule, field", [
+    (_summary_statistics, "published-summary", "cases/0/min_ms"),
+    (_summary_ci, "published-summary", "pairs/0/ci_low"),
+    (_half_ratio, "derived", "pairs/0/ratio"),
+    (lambda doc: doc["pairs"][9].update(ratio=2.40), "derived", "pairs/9/ratio"),  # printed 2.38, medians 2.3843
+])
+def test_published_summary_carrying_statistics_or_wrong_ratios_is_refused(ws, damage, rule, field):
     run = Path(shutil.copytree(ws / "runs" / PUBLISHED, ws / "runs" / "damaged"))
     _edit("benchmark", damage)(run)
     with pytest.raises(BuildError) as err:
         build([run], ws / "data", replace=True)
-    assert (err.value.rule, err.value.field) == ("published-summary", field)
+    assert (err.value.rule, err.value.field) == (rule, field)
 
 
 def test_measure_captures_with_the_allow_list_the_builder_applies():
