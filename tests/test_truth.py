@@ -272,3 +272,19 @@ def test_masked_softmax_is_the_contract_softmax(causal, lengths):
     assert np.all(got[~seen.repeat(3, 1)] == 0)
     empty = ~seen.any(-1)
     assert np.all(got.sum(-1)[np.broadcast_to(empty, got.shape[:-1])] == 0)
+
+
+def test_truth_is_exact_for_logits_far_below_zero():
+    """Softmax is shift-invariant: rows whose visible logits all lie near -1000 (exp underflows unless
+    the row max is subtracted) still get the softmax of their logits, summing to one."""
+    rng = np.random.default_rng(12)
+    u = np.ones(4) / 2.0
+    k = rng.standard_normal((1, 6, 1, 4)) * 0.1 + 40 * u
+    q_far = rng.standard_normal((1, 3, 1, 4)) * 0.1 - 100 * u  # logits near -100 * 40 * |u|^2 / 2 = -2000
+    far = oracle.attention(q_far, k, k, kv_lengths=np.array([4]))
+    assert np.allclose(far.probs.sum(-1), 1.0, rtol=1e-12)
+    assert np.all(far.probs[..., 4:] == 0)
+    s = np.einsum("bihd,bjhd->bhij", q_far, k) * 0.5
+    assert s[..., :4].max() < -1500  # the premise: far below where exp underflows
+    w = np.exp(s[..., :4] - s[..., :4].max(-1, keepdims=True))
+    assert np.allclose(far.probs[..., :4], w / w.sum(-1, keepdims=True), rtol=1e-10)
