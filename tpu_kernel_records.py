@@ -14,9 +14,8 @@ each file's sha256 is checked; the features are read from the parquet files' own
 the builder wrote from ``records.schema.FEATURES``. It needs only the standard library, ``datasets``
 and ``pyarrow`` (``huggingface_hub``, a dependency of ``datasets``, only for the Hub route of ``load``).
 
-With ``datasets`` 2.x/3.x::
+With ``datasets`` 2.x/3.x (``load_dataset`` on the Hub repository itself reads its parquet configs)::
 
-    load_dataset("OWNER/tpu-kernel-records", "benchmark", revision="v1.0.0", trust_remote_code=True)
     load_dataset("path/to/release/tpu_kernel_records.py", "benchmark", trust_remote_code=True)
 
 ``datasets`` >= 4 no longer runs loading scripts through ``load_dataset``; use the builder directly::

@@ -252,11 +252,13 @@ checks = load_dataset("{repo_id}", "correctness", split="train", revision="{tag}
 env = load_dataset("{repo_id}", "environment", split="train", revision="{tag}")
 ```
 
-The loading script `tpu_kernel_records.py` gives the same rows and features: it lists each config's
-files in `data/SHA256SUMS`, fetches them relative to the dataset (a local folder or the Hub at a
-revision), checks their sha256 and reads the features from the parquet files. With `datasets` 2.x
-or 3.x, `load_dataset("{repo_id}", "benchmark", revision="{tag}", trust_remote_code=True)` runs it;
-`datasets` 4 and later no longer run scripts through `load_dataset`, so use its builder or `load`:
+`load_dataset` on the repository reads these parquet configs with every `datasets` version. The
+loading script `tpu_kernel_records.py` gives the same rows and features: it lists each config's
+files in `data/SHA256SUMS`, fetches them relative to the dataset's base path (the folder it was
+downloaded with, or a URL), checks their sha256 and reads the features from the parquet files.
+With `datasets` 2.x or 3.x, `load_dataset("path/to/tpu_kernel_records.py", "benchmark",
+trust_remote_code=True)` runs it; `datasets` 4 and later no longer run scripts through
+`load_dataset`, so use its builder or `load`:
 
 ```python
 from tpu_kernel_records import TpuKernelRecords, load
