@@ -113,3 +113,17 @@ def per_head_outputs(q, k, v, *, causal: bool = False, kv_lengths=None,
         vg = np.repeat(v[:, :, g:g + 1], hq, axis=2)
         outs.append(attention(q, kg, vg, causal=causal, kv_lengths=kv_lengths, scale=scale).out)
     return np.stack(outs)
+
+
+def masked_softmax(logits, causal: bool = False, kv_lengths=None) -> np.ndarray:
+    """Float64 softmax over the key axis of ``[batch, heads, q_len, kv_len]`` logits under the
+    contract's mask (bottom-right causal, ``kv_lengths`` padding); rows with no visible key are 0."""
+    s = as_f64(logits)
+    batch, _, q_len, kv_len = s.shape
+    lengths = None if kv_lengths is None else np.asarray(kv_lengths)
+    mask = visible_keys(batch, q_len, kv_len, causal, lengths)[:, None]
+    s = np.where(mask, s, -np.inf)
+    row_max = s.max(axis=-1, keepdims=True)
+    e = np.where(mask, np.exp(s - np.where(np.isfinite(row_max), row_max, 0.0)), 0.0)
+    denom = e.sum(axis=-1, keepdims=True)
+    return e / np.where(denom > 0, denom, 1.0)

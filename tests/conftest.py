@@ -1,11 +1,15 @@
-"""Shared fixtures: random attention inputs and strict TPU interpret-mode settings."""
+"""Shared fixtures: random attention inputs, strict TPU interpret-mode settings, and the accuracy
+check every kernel test uses (the rubric's float64 oracle and tolerance policy, nothing else)."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
+from grading import oracle, tolerance
+from kernel_src import reference_attention
 from kernel_src.backend import reset_tpu_interpret_state, tpu_interpret_params
 
 
@@ -33,3 +37,62 @@ def tpu_interpret():
         pytest.skip(f"jax {jax.__version__} has no pltpu.InterpretParams (TPU interpret mode)")
     yield params
     reset_tpu_interpret_state()
+
+
+def forward_and_grads(attention, q, k, v, do, **kwargs):
+    """``(out, dq, dk, dv)`` of one jitted forward + VJP of ``attention(q, k, v, **kwargs)``.
+
+    ``do`` is cast to the output dtype first, so the cotangent is the one the oracle is given.
+    """
+    @jax.jit
+    def run(q, k, v, do):
+        out, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, **kwargs), q, k, v)
+        return (out, *vjp(do.astype(out.dtype)))
+
+    return jax.block_until_ready(run(q, k, v, do))
+
+
+def assert_accurate(results, q, k, v, do, *, causal=False, kv_lengths=None, scale=None,
+                    index=None, only=("out", "dq", "dk", "dv")) -> oracle.Truth:
+    """Judge a kernel's ``(out, dq, dk, dv)`` as the rubric does; return the float64 truth.
+
+    Ground truth is ``grading.oracle.attention``; each tensor passes when its norm-wise and
+    worst-element errors are within ``grading.tolerance``'s bound set by ``reference_attention``'s
+    error on the same inputs (the cotangent ``do`` is rounded to the input dtype for both). Rows
+    that see no key must be exact zeros in the output and in dQ. ``index``: an optional
+    ``[batch, ...]`` slice to judge only part of each tensor named in ``only``.
+    """
+    do = do.astype(q.dtype)
+    kw = dict(causal=causal, kv_lengths=kv_lengths, scale=scale)
+    truth = oracle.attention(q, k, v, do, **{**kw, "kv_lengths": None if kv_lengths is None
+                                             else np.asarray(kv_lengths)})
+    baseline = forward_and_grads(reference_attention, q, k, v, do, **kw)
+    dtype = jnp.dtype(q.dtype).name
+    part = (lambda x: x) if index is None else (lambda x: np.asarray(x)[index])
+    for label, got, want, base in zip(("out", "dq", "dk", "dv"), results,
+                                      (truth.out, truth.dq, truth.dk, truth.dv), baseline):
+        if label not in only:
+            continue
+        assert got.dtype == q.dtype, f"{label} must be in the input dtype, got {got.dtype}"
+        verdict = tolerance.judge(label, part(got), part(want), part(base), dtype,
+                                  gradient=label != "out", magnitude=part(truth.magnitude[label]))
+        assert verdict.ok, verdict.describe()
+    empty = ~truth.visible.any(axis=-1)
+    if index is None:
+        for label, got in zip(("out", "dq"), results[:2]):
+            if label not in only:
+                continue
+            assert not np.any(np.asarray(got)[empty]), f"{label} of rows with no visible key"
+    return truth
+
+
+@pytest.fixture(name="forward_and_grads")
+def _forward_and_grads_fixture():
+    """``forward_and_grads(attention, q, k, v, do, **kwargs) -> (out, dq, dk, dv)``."""
+    return forward_and_grads
+
+
+@pytest.fixture(name="assert_accurate")
+def _assert_accurate_fixture():
+    """``assert_accurate(results, q, k, v, do, *, causal, kv_lengths, scale, index) -> Truth``."""
+    return assert_accurate

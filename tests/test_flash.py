@@ -2,6 +2,8 @@
 
 Interpret mode on CPU; each case is one jitted forward + VJP (one compile), with explicit small
 blocks so several query and key blocks exist and the online softmax and block skipping run.
+Accuracy is judged as the rubric judges it (``grading.oracle`` and ``grading.tolerance``, via the
+``assert_accurate`` fixture in ``conftest.py``).
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import numpy as np
 import pytest
 
 from kernel_src.backend import tpu_interpret_races_found
-from np_oracle import np_attention, np_attention_grads, np_visible
 
 from kernel_src.flash import FlashBlockSizes, flash_attention, plan as flash_plan, tpu as flash_tpu
 
@@ -23,7 +24,6 @@ MIXED = FlashBlockSizes(block_q=128, block_k=128, block_q_dq=64, block_k_dq=128,
                         block_q_dkv=128, block_k_dkv=64)
 WIDE_K = FlashBlockSizes(128, 256, 128, 256, 128, 256)  # statistics tiled across 2 x 128 lanes
 TRITON_64 = FlashBlockSizes(64, 64, 64, 64, 64, 64)
-TOL = {jnp.float32: 5e-5, jnp.bfloat16: 4e-2}
 
 
 def _inputs(batch, q_len, kv_len, q_heads, kv_heads, head_dim, dtype=jnp.float32, seed=0):
@@ -41,28 +41,12 @@ def _run(q, k, v, do, *, causal, kv_lengths=None, scale=None, **kwargs):
     def fwd_bwd(q, k, v, do, kv_lengths):
         def attend(q, k, v):
             return flash_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale,
-                                      **kwargs)
+                                   **kwargs)
 
         out, vjp = jax.vjp(attend, q, k, v)
         return (out, *vjp(do))
 
     return jax.block_until_ready(fwd_bwd(q, k, v, do, kv_lengths))
-
-
-def _check_against_oracle(results, q, k, v, do, *, causal, kv_lengths=None, scale=None):
-    lengths = None if kv_lengths is None else np.asarray(kv_lengths)
-    want = (np_attention(q, k, v, causal=causal, kv_lengths=lengths, scale=scale),
-            *np_attention_grads(q, k, v, do, causal=causal, kv_lengths=lengths, scale=scale))
-    tol = TOL[q.dtype.type]
-    for name, got, ref in zip(("out", "dq", "dk", "dv"), results, want):
-        assert got.dtype == q.dtype, name
-        got = np.asarray(got).astype(np.float64)
-        assert np.all(np.isfinite(got)), f"{name} is not finite"
-        np.testing.assert_allclose(got, ref, atol=tol, rtol=tol, err_msg=name)
-    # Rows that see no key: exact zeros in the output and in dQ, not merely small.
-    empty = ~np_visible(q.shape[0], q.shape[1], k.shape[1], causal, lengths).any(axis=-1)
-    for name, got in zip(("out", "dq"), results[:2]):
-        assert not np.any(np.asarray(got)[empty]), f"{name} of empty rows"
 
 
 # (batch, q_len, kv_len, q_heads, kv_heads, head_dim, causal, kv_lengths, blocks)
@@ -77,36 +61,36 @@ SWEEP = [(name, jnp.float32) for name in CASES] + [
 
 
 @pytest.mark.parametrize("name,dtype", SWEEP, ids=[f"{n}-{jnp.dtype(d).name}" for n, d in SWEEP])
-def test_matches_float64_oracle(name, dtype):
+def test_matches_float64_oracle(name, dtype, assert_accurate):
     batch, q_len, kv_len, hq, hk, d, causal, lengths, blocks = CASES[name]
     q, k, v, do = _inputs(batch, q_len, kv_len, hq, hk, d, dtype)
     kv_lengths = None if lengths is None else jnp.asarray(lengths, jnp.int32)
     scale = 0.3 if name == "causal-k-longer-gqa1" else None
     results = _run(q, k, v, do, causal=causal, kv_lengths=kv_lengths, scale=scale,
                    block_sizes=blocks, interpret=True)
-    _check_against_oracle(results, q, k, v, do, causal=causal, kv_lengths=kv_lengths, scale=scale)
+    assert_accurate(results, q, k, v, do, causal=causal, kv_lengths=kv_lengths, scale=scale)
 
 
-def test_triton_variant_in_interpret_mode():
+def test_triton_variant_in_interpret_mode(assert_accurate):
     """The GPU kernels (in-kernel loops over blocks) in plain interpret mode."""
     q, k, v, do = _inputs(2, 200, 300, 4, 2, 64)
     kv_lengths = jnp.asarray([0, 250], jnp.int32)
     results = _run(q, k, v, do, causal=True, kv_lengths=kv_lengths, block_sizes=TRITON_64,
                    interpret=True, variant="triton")
-    _check_against_oracle(results, q, k, v, do, causal=True, kv_lengths=kv_lengths)
+    assert_accurate(results, q, k, v, do, causal=True, kv_lengths=kv_lengths)
 
 
-def test_tpu_interpret_mode_races_and_uninitialized_memory(tpu_interpret):
+def test_tpu_interpret_mode_races_and_uninitialized_memory(tpu_interpret, assert_accurate):
     """Scratch and outputs start NaN-filled, so a skipped init or store shows up; no races."""
     q, k, v, do = _inputs(2, 130, 200, 4, 2, 64)
     kv_lengths = jnp.asarray([0, 170], jnp.int32)
     results = _run(q, k, v, do, causal=True, kv_lengths=kv_lengths, block_sizes=BLOCKS_128,
                    interpret=tpu_interpret)
-    _check_against_oracle(results, q, k, v, do, causal=True, kv_lengths=kv_lengths)
+    assert_accurate(results, q, k, v, do, causal=True, kv_lengths=kv_lengths)
     assert tpu_interpret_races_found() is not True
 
 
-def test_skipped_blocks_are_never_computed():
+def test_skipped_blocks_are_never_computed(assert_accurate):
     """NaN planted where only skipped (query block, key block) pairs would read it.
 
     A computed-but-masked tile still multiplies ``0 * NaN = NaN`` into its accumulators, so
@@ -114,23 +98,20 @@ def test_skipped_blocks_are_never_computed():
       batch 0: K/V NaN at keys 128.. : rows 0..127 (query block 0) must stay finite, as must dQ.
       batch 1: Q/dO NaN at rows 0..127: dK/dV at keys 128.. must stay finite.
       batch 2: kv_length 130, K/V NaN at keys 256.. (a block wholly past the length): all finite.
+    Each part is judged against the clean inputs' float64 truth.
     """
     q, k, v, do = _inputs(3, 384, 384, 4, 2, 64)
     kv_lengths = jnp.asarray([384, 384, 130], jnp.int32)
     bad_q, bad_k, bad_v, bad_do = (np.array(x) for x in (q, k, v, do))
     bad_k[0, 128:] = bad_v[0, 128:] = bad_k[2, 256:] = bad_v[2, 256:] = np.nan
     bad_q[1, :128] = bad_do[1, :128] = np.nan
-    out, dq, dk, dv = (np.asarray(x, np.float64) for x in _run(
-        bad_q, bad_k, bad_v, bad_do, causal=True, kv_lengths=kv_lengths, block_sizes=BLOCKS_128,
-        interpret=True))
-    want_out = np_attention(q, k, v, causal=True, kv_lengths=kv_lengths)
-    want_dq, want_dk, want_dv = np_attention_grads(q, k, v, do, causal=True, kv_lengths=kv_lengths)
-    checks = [(out[0, :128], want_out[0, :128]), (dq[0, :128], want_dq[0, :128]),
-              (dk[1, 128:], want_dk[1, 128:]), (dv[1, 128:], want_dv[1, 128:]),
-              (out[2], want_out[2]), (dq[2], want_dq[2]), (dk[2], want_dk[2]), (dv[2], want_dv[2])]
-    for got, want in checks:
-        np.testing.assert_allclose(got, want, atol=5e-5, rtol=5e-5)
-    assert np.isnan(out[0, 200:]).all(), "the planted NaN must reach rows that do see it"
+    results = _run(bad_q, bad_k, bad_v, bad_do, causal=True, kv_lengths=kv_lengths,
+                   block_sizes=BLOCKS_128, interpret=True)
+    clean = dict(causal=True, kv_lengths=kv_lengths)
+    assert_accurate(results, q, k, v, do, index=np.s_[2], **clean)
+    assert_accurate(results, q, k, v, do, index=np.s_[0, :128], only=("out", "dq"), **clean)
+    assert_accurate(results, q, k, v, do, index=np.s_[1, 128:], only=("dk", "dv"), **clean)
+    assert np.isnan(np.asarray(results[0])[0, 200:]).all(), "the planted NaN must reach rows that see it"
 
 
 def _grid_steps(grid):
