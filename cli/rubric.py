@@ -152,7 +152,7 @@ def _power(args) -> int:
         return EXIT_USAGE
     power = measure_power(seeds=args.seeds, candidates=cands, progress=not args.quiet,
                           first_seed=args.first_seed, kernel_seeds=args.kernel_seeds,
-                          time_limit_s=args.time_limit)
+                          time_limit_s=args.time_limit, level="quick" if args.quick else "full")
     report = power_markdown(power)
     print(report, end="")
     if args.json:
@@ -193,7 +193,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
     full = _parser()
     grade_opts = {"--candidate", "--seed", "--quick", "--timeout", "--memory-limit", "--json", "--list", "--quiet"}
-    power_opts = {"--candidate", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
+    power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
                   "--markdown", "--quiet"}
     for name, opts, func, help_text in (
             ("grade", grade_opts, _grade, "grade attention candidates with the correctness rubric"),

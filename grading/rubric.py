@@ -14,7 +14,7 @@ whose ``detail`` says what was observed. The tolerance policy is documented in `
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from tqdm.auto import tqdm
@@ -39,12 +39,20 @@ class CheckResult:
     baseline_error: float | None = None
 
     def to_dict(self) -> dict:
-        """JSON-safe: a non-finite number becomes None (``json.dumps(..., allow_nan=False)`` holds)."""
-        return {k: _json_number(v) if isinstance(v, float) else v for k, v in asdict(self).items()}
+        """JSON-safe whatever the check computed: plain bool/str, and numbers as Python floats, with a
+        non-finite one (or one that is not a number) as None, so ``json.dumps(..., allow_nan=False)`` holds."""
+        return {"name": str(self.name), "passed": bool(self.passed), "points": _json_number(self.points) or 0.0,
+                "max_points": _json_number(self.max_points) or 0.0, "detail": str(self.detail),
+                "error": _json_number(self.error), "tolerance": _json_number(self.tolerance),
+                "baseline_error": _json_number(self.baseline_error)}
 
 
-def _json_number(x: float) -> float | None:
-    return float(x) if math.isfinite(x) else None
+def _json_number(x) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
 
 
 @dataclass

@@ -67,6 +67,20 @@ def test_worker_environment_is_an_allow_list(tmp_path):
     assert MARKER not in json.dumps(env)
 
 
+def test_scorecard_numbers_are_always_valid_json():
+    """Whatever a check computed (NumPy scalars, NaN, Inf), the scorecard is valid JSON without NaN."""
+    import numpy as np
+
+    from grading.rubric import CheckResult, Scorecard
+
+    check = CheckResult("c", np.bool_(False), np.float32(0), 5.0, "d", np.float32(np.nan), np.float64(np.inf),
+                        np.float32(1.5))
+    doc = json.loads(json.dumps(Scorecard("x", "external", [check]).to_dict(), allow_nan=False))
+    assert doc["checks"][0] == {"name": "c", "passed": False, "points": 0.0, "max_points": 5.0, "detail": "d",
+                                "error": None, "tolerance": None, "baseline_error": 1.5}
+    assert doc["passed"] is False
+
+
 # --------------------------------------------------------------------------------------------------
 # One CLI run: every hostile candidate, then ``zeros`` and ``reference``, each in its own worker; the
 # reference's scorecard is compared with the one it gets graded alone (in this process).
