@@ -21,7 +21,7 @@ SCRIPT = textwrap.dedent("""
     import functools, json
     import jax, jax.numpy as jnp, numpy as np
     from jax.sharding import Mesh
-    from kernel_src.flash_attention import FlashBlockSizes, flash_attention
+    from kernel_src.flash import FlashBlockSizes, flash_attention
     from kernel_src.attention import pallas_attention
     from kernel_src.reference import reference_attention
     from kernel_src.sharded import attention_mesh, sharded_attention
@@ -57,6 +57,16 @@ SCRIPT = textwrap.dedent("""
             "grad_scale": float(jnp.max(jnp.abs(dk0))),
             "out_devices": len(out1.sharding.device_set),
         }
+
+    # The default API (no interpret=) under shard_map, exported for TPU from this CPU: Mosaic.
+    from jax import export
+    def attend(q, k, v):
+        return sharded_attention(flash_attention, q, k, v, causal=True, kv_lengths=kv_lengths)
+    def grads(q, k, v):
+        return jax.grad(lambda *a: jnp.sum(attend(*a) * do), argnums=(0, 1, 2))(q, k, v)
+    report["tpu_export_kernels"] = [
+        export.export(jax.jit(fn), platforms=["tpu"])(q, k, v).mlir_module().count("tpu_custom_call")
+        for fn in (attend, grads)]
 
     # An explicit 1-D mesh over the kv heads only, without kv_lengths.
     heads_only = Mesh(np.asarray(jax.devices()[:2]), ("heads",))
@@ -108,6 +118,11 @@ def test_sharded_equals_unsharded_forward_and_gradient(report, kernel, tol):
     assert result["out_scale"] > 0.1 and result["grad_scale"] > 0.1  # not trivially zero
     assert result["out_err"] <= tol
     assert result["grad_err"] <= tol
+
+
+def test_default_api_exports_mosaic_for_tpu_under_shard_map(report):
+    """Forward: one flash kernel; forward + gradients: forward, dQ and dK/dV kernels."""
+    assert report["tpu_export_kernels"] == [1, 3]
 
 
 def test_explicit_heads_only_mesh(report):
