@@ -199,6 +199,15 @@ def test_needed_k_and_floor_are_the_smallest_that_pass():
     assert math.isinf(needed_k(exact_base))  # no k helps when the reference is exact
 
 
+def test_the_policy_and_its_verdicts_cannot_be_edited_in_place():
+    import dataclasses
+
+    verdict = judge("t", np.zeros(2), np.zeros(2), np.zeros(2), "float32", gradient=False)
+    for obj, name in ((tolerance.POLICY, "k_forward"), (verdict, "tol_norm"), (verdict.candidate, "worst")):
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(obj, name, 60.0)
+
+
 def test_eps_are_the_machine_epsilons():
     import jax.numpy as jnp
 
