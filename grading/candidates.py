@@ -26,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernel_src.reference import reference_attention
+from kernel_src.registry import IMPLEMENTATIONS
 
 Attention = Callable[..., jax.Array]
 KINDS = ("reference", "kernel", "correct-variant", "known-bad", "external")
@@ -85,6 +86,20 @@ class Switches(NamedTuple):
     nan_empty: bool = False             # 0 / 0 on rows with no visible key
     mean_empty: bool = False            # uniform weights on rows with no visible key
     stop_grad_k: bool = False
+    head_dim_tile: bool = False         # logits from the first 128 of head_dim only (one 128-lane tile)
+    query_tile_local: bool = False      # causal mask from the row index within its 128-row query tile
+    key_tile_wrap: bool = False         # key j >= 256 reads K/V row j % 256 (tile index wraps at 2)
+    large_kv_top_left: bool = False     # the kv_len >= 1024 code path aligns causal top-left
+
+
+def rounded(x: jax.Array, dtype) -> jax.Array:
+    """``x`` (fp32) rounded to ``dtype``'s precision, kept in fp32 (a bfloat16 operand of an fp32-accumulating
+    matmul). ``lax.reduce_precision``, not ``astype(dtype).astype(float32)``: XLA may drop such a pair of
+    converts (excess precision is allowed by default), and then the rounding never happens."""
+    if jnp.dtype(dtype) == jnp.dtype(jnp.float32):
+        return x
+    info = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
 
 
 def _attend(q, k, v, lengths, causal, scale, sw: Switches):
@@ -93,15 +108,19 @@ def _attend(q, k, v, lengths, causal, scale, sw: Switches):
     heads = jnp.arange(hq)
     kv_head = jnp.where(sw.tile_heads, heads % hk, heads // (hq // hk))
     k, v = jnp.take(k, kv_head, axis=2), jnp.take(v, kv_head, axis=2)
+    rows = jnp.where(sw.key_tile_wrap, jnp.arange(lk) % 256, jnp.arange(lk))
+    k, v = jnp.take(k, rows, axis=1), jnp.take(v, rows, axis=1)
     k = jnp.where(sw.stop_grad_k, jax.lax.stop_gradient(k), k)
+    q = q * jnp.where(sw.head_dim_tile & (jnp.arange(q.shape[-1]) >= 128), 0, 1).astype(q.dtype)
 
     def low(x):
-        return jnp.where(sw.bf16_logits, x.astype(jnp.bfloat16).astype(jnp.float32), x)
+        return jnp.where(sw.bf16_logits, rounded(x, jnp.bfloat16), x)
 
     s = low(jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=jax.lax.Precision.HIGHEST,
                        preferred_element_type=jnp.float32) * scale)
     i, j = jnp.arange(lq)[:, None], jnp.arange(lk)[None, :]
-    offset = jnp.where(sw.top_left, 0, lk - lq)
+    i = jnp.where(sw.query_tile_local, i % 128, i)
+    offset = jnp.where(sw.top_left | (sw.large_kv_top_left & (lk >= 1024)), 0, lk - lq)
     vis = (j <= i + offset) | sw.ignore_causal | ~causal
     vis = vis[None, None] & ((j < lengths[:, None] + sw.length_slack) | sw.ignore_lengths)[:, None, None, :]
     s = jnp.where(vis, s, -jnp.inf)
@@ -111,7 +130,7 @@ def _attend(q, k, v, lengths, causal, scale, sw: Switches):
     e = low(jnp.where(vis, jnp.exp(s - m), jnp.where(sw.mean_empty & empty, 1.0, 0.0)))
     denom = low(jnp.sum(e, axis=-1, keepdims=True))
     p = e / jnp.where(sw.nan_empty | (denom > 0), denom, 1.0)
-    p = jnp.where(sw.probs_in_input_dtype, p.astype(q.dtype).astype(jnp.float32), p)
+    p = jnp.where(sw.probs_in_input_dtype, rounded(p, q.dtype), p)
     out = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
     return out.astype(q.dtype)
 
@@ -132,8 +151,13 @@ def _variant(default_scale: Callable[[int], float] = lambda d: d ** -0.5, **swit
     return attention
 
 
-def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16):
-    """Flash-style: running max, sum and fp32 accumulator over key chunks of ``chunk`` (a ``lax.scan``)."""
+def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = ""):
+    """Flash-style: running max, sum and fp32 accumulator over key chunks of ``chunk`` (a ``lax.scan``).
+
+    ``bug`` (known-bad candidates only): "input-dtype-accumulator" keeps the output accumulator in the
+    input dtype between chunks; "frozen-max" sets the running max from the first chunk with a visible key
+    and never raises it.
+    """
     b, lq, hq, d = q.shape
     lk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if scale is None else scale
@@ -142,6 +166,7 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16):
     v = jnp.pad(jnp.repeat(v, hq // hk, axis=2), ((0, 0), (0, pad), (0, 0), (0, 0)))
     lengths = jnp.full((b,), lk) if kv_lengths is None else kv_lengths
     i = jnp.arange(lq)[:, None]
+    acc_dtype = q.dtype if bug == "input-dtype-accumulator" else jnp.float32
 
     def step(carry, start):
         m, l, acc = carry
@@ -154,20 +179,161 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16):
                        preferred_element_type=jnp.float32) * scale
         s = jnp.where(vis, s, -jnp.inf)
         # The result does not depend on the running max, so no gradient flows through it.
-        m_new = jax.lax.stop_gradient(jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True)))
+        m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+        if bug == "frozen-max":
+            m_new = jnp.where(jnp.isfinite(m), m, m_new)
+        m_new = jax.lax.stop_gradient(m_new)
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
         alpha = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
         p = jnp.where(vis, jnp.exp(s - m_safe), 0.0)
         l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
-        acc = alpha * acc + jnp.einsum("bhqk,bkhd->bhqd", p, vc.astype(jnp.float32),
-                                       precision=jax.lax.Precision.HIGHEST)
-        return (m_new, l, acc), None
+        acc = alpha * acc.astype(jnp.float32) + jnp.einsum("bhqk,bkhd->bhqd", p, vc.astype(jnp.float32),
+                                                           precision=jax.lax.Precision.HIGHEST)
+        return (m_new, l, acc.astype(acc_dtype)), None
 
     init = (jnp.full((b, hq, lq, 1), -jnp.inf, jnp.float32), jnp.zeros((b, hq, lq, 1), jnp.float32),
-            jnp.zeros((b, hq, lq, d), jnp.float32))
+            jnp.zeros((b, hq, lq, d), acc_dtype))
     (_, l, acc), _ = jax.lax.scan(step, init, jnp.arange(0, lk + pad, chunk))
-    out = acc / jnp.where(l > 0, l, 1.0)
+    out = acc.astype(jnp.float32) / jnp.where(l > 0, l, 1.0)
     return jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
+
+
+def _split_kv_without_maxima(q, k, v, kv_lengths, *, causal, scale, split=512):
+    """Split-KV decoding (q_len <= 16): each ``split``-key part softmax-normalised on its own, the parts
+    combined with weights ``l_i = sum exp(s - m_i)`` but *without* the factors ``exp(m_i - m)``."""
+    b, lq, hq, d = q.shape
+    lk = k.shape[1]
+    if lq > 16 or lk <= split:
+        return reference_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+    scale = d ** -0.5 if scale is None else scale
+    lengths = jnp.full((b,), lk) if kv_lengths is None else kv_lengths
+    i, j = jnp.arange(lq)[:, None], jnp.arange(lk)[None, :]
+    vis = ((j <= i + lk - lq) | (not causal))[None] & (j[None] < lengths[:, None, None])  # [b, q, k]
+    kk = jnp.repeat(k, hq // k.shape[2], axis=2)
+    vv = jnp.repeat(v, hq // k.shape[2], axis=2)
+    s = jnp.einsum("bqhd,bkhd->bhqk", q, kk, precision=jax.lax.Precision.HIGHEST,
+                   preferred_element_type=jnp.float32) * scale
+    s = jnp.where(vis[:, None], s, -jnp.inf)
+    outs, weights = [], []
+    for start in range(0, lk, split):
+        part = s[..., start:start + split]
+        m = jax.lax.stop_gradient(jnp.max(part, axis=-1, keepdims=True))
+        m = jnp.where(jnp.isfinite(m), m, 0.0)
+        e = jnp.exp(part - m)
+        l = jnp.sum(e, axis=-1, keepdims=True)
+        o = jnp.einsum("bhqk,bkhd->bhqd", e, vv[:, start:start + split].astype(jnp.float32),
+                       precision=jax.lax.Precision.HIGHEST) / jnp.where(l > 0, l, 1.0)
+        outs.append(o * l)
+        weights.append(l)
+    total = sum(weights)
+    out = sum(outs) / jnp.where(total > 0, total, 1.0)
+    return jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
+
+
+LOG2E = 1.4426950408889634
+
+
+def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, block_q=128, block_k=128):
+    """Correct, written the way fast kernels are (FlashAttention-2/3, the Pallas TPU kernels).
+
+    Forward: query tiles of ``block_q`` rows times key tiles of ``block_k`` keys, online softmax in
+    base 2 on logits pre-scaled by log2(e) (``exp2``), fp32 running max, sum and accumulator,
+    probabilities rounded to the input dtype before P·V; saves the fp32 log-sum-exp. Backward
+    (``jax.custom_vjp``): P recomputed from the log-sum-exp, ``di = rowsum(dO * O)`` with O as returned
+    (input dtype), P and dS rounded to the input dtype before the dV, dQ and dK matmuls, fp32
+    accumulation. ``per_head_dkv``: each query head's dK/dV contribution is rounded to the input dtype
+    before the sum over its group (a backward run on repeated K/V heads).
+    """
+    b, lq, hq, d = q.shape
+    lk, hk = k.shape[1], k.shape[2]
+    g = hq // hk
+    scale = d ** -0.5 if scale is None else scale
+    lengths = jnp.full((b,), lk, jnp.int32) if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
+    dt = q.dtype
+    hi = jax.lax.Precision.HIGHEST
+
+    def visible(q_pos, k_pos, lengths):  # q_pos [q, 1], k_pos [1, k], lengths [b] -> [b, 1, q, k]
+        ok = (k_pos < lk) & ((k_pos <= q_pos + (lk - lq)) | (not causal))
+        return ok[None, None] & (k_pos[None, None] < lengths[:, None, None, None])
+
+    def logits2(qh, kh):  # [b, h, q, d] x [b, h, k, d] -> base-2 logits [b, h, q, k] (fp32)
+        return jnp.einsum("bhqd,bhkd->bhqk", qh, kh, precision=hi, preferred_element_type=jnp.float32) \
+            * (scale * LOG2E)
+
+    def heads(x):  # [b, len, kv heads, d] -> [b, q heads, len, d] (each kv head read by its group)
+        return jnp.transpose(jnp.repeat(x, g, axis=2), (0, 2, 1, 3))
+
+    def forward(q, k, v, lengths):
+        nq, nk = -(-lq // block_q), -(-lk // block_k)
+        qh = jnp.pad(jnp.transpose(q, (0, 2, 1, 3)), ((0, 0), (0, 0), (0, nq * block_q - lq), (0, 0)))
+        kh = jnp.pad(heads(k), ((0, 0), (0, 0), (0, nk * block_k - lk), (0, 0)))
+        vh = jnp.pad(heads(v), ((0, 0), (0, 0), (0, nk * block_k - lk), (0, 0)))
+
+        def query_tile(qi):
+            qt = jax.lax.dynamic_slice_in_dim(qh, qi * block_q, block_q, axis=2)
+            q_pos = qi * block_q + jnp.arange(block_q)[:, None]
+
+            def key_tile(carry, ki):
+                m, l, acc = carry
+                kt = jax.lax.dynamic_slice_in_dim(kh, ki * block_k, block_k, axis=2)
+                vt = jax.lax.dynamic_slice_in_dim(vh, ki * block_k, block_k, axis=2)
+                vis = visible(q_pos, ki * block_k + jnp.arange(block_k)[None, :], lengths)
+                s = jnp.where(vis, logits2(qt, kt), -jnp.inf)
+                m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
+                m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+                alpha = jnp.exp2(jnp.where(jnp.isfinite(m), m - m_safe, -jnp.inf))
+                p = jnp.where(vis, jnp.exp2(s - m_safe), 0.0)
+                l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
+                pv = jnp.einsum("bhqk,bhkd->bhqd", rounded(p, dt), vt.astype(jnp.float32), precision=hi,
+                                preferred_element_type=jnp.float32)
+                return (m_new, l, alpha * acc + pv), None
+
+            init = (jnp.full((b, hq, block_q, 1), -jnp.inf, jnp.float32),
+                    jnp.zeros((b, hq, block_q, 1), jnp.float32), jnp.zeros((b, hq, block_q, d), jnp.float32))
+            (m, l, acc), _ = jax.lax.scan(key_tile, init, jnp.arange(nk))
+            out = acc / jnp.where(l > 0, l, 1.0)
+            lse2 = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), jnp.inf)  # base 2; +inf: no key
+            return out, lse2
+
+        out, lse2 = jax.lax.map(query_tile, jnp.arange(nq))  # [nq, b, h, block_q, ...]
+        out = jnp.moveaxis(out, 0, 2).reshape(b, hq, nq * block_q, d)[:, :, :lq]
+        lse2 = jnp.moveaxis(lse2, 0, 2).reshape(b, hq, nq * block_q, 1)[:, :, :lq]
+        return jnp.transpose(out, (0, 2, 1, 3)).astype(dt), lse2
+
+    # lengths is an argument, not a closure: custom_vjp functions may not close over traced values.
+    @jax.custom_vjp
+    def attention(q, k, v, lengths):
+        return forward(q, k, v, lengths)[0]
+
+    def fwd(q, k, v, lengths):
+        out, lse2 = forward(q, k, v, lengths)
+        return out, (q, k, v, lengths, out, lse2)
+
+    def bwd(res, do):
+        q, k, v, lengths, out, lse2 = res
+        qh, kh, vh = jnp.transpose(q, (0, 2, 1, 3)), heads(k), heads(v)
+        doh = jnp.transpose(do.astype(dt), (0, 2, 1, 3))
+        vis = visible(jnp.arange(lq)[:, None], jnp.arange(lk)[None, :], lengths)
+        p = jnp.where(vis, jnp.exp2(logits2(qh, kh) - lse2), 0.0)
+        pr = rounded(p, dt)
+        doh, vh, kh, qh = (x.astype(jnp.float32) for x in (doh, vh, kh, qh))
+        dv = jnp.einsum("bhqk,bhqd->bhkd", pr, doh, precision=hi)
+        dp = jnp.einsum("bhqd,bhkd->bhqk", doh, vh, precision=hi)
+        di = jnp.sum(doh.astype(jnp.float32) * jnp.transpose(out, (0, 2, 1, 3)).astype(jnp.float32),
+                     axis=-1, keepdims=True)
+        ds = rounded(p * (dp - di), dt)
+        dq = jnp.einsum("bhqk,bhkd->bhqd", ds, kh, precision=hi) * scale
+        dk = jnp.einsum("bhqk,bhqd->bhkd", ds, qh, precision=hi) * scale
+
+        def fold(x):  # [b, hq, lk, d] per query head -> [b, lk, hk, d] summed over each group
+            if per_head_dkv:
+                x = rounded(x, dt)
+            return jnp.transpose(x.reshape(b, hk, g, lk, d).sum(axis=2), (0, 2, 1, 3)).astype(dt)
+
+        return jnp.transpose(dq, (0, 2, 1, 3)).astype(dt), fold(dk), fold(dv), None
+
+    attention.defvjp(fwd, bwd)
+    return attention(q, k, v, lengths)
 
 
 def _contract(fn):
@@ -227,6 +393,45 @@ def _memoizing() -> Attention:
     return attention
 
 
+def _memoizing_large() -> Attention:
+    cache: dict = {}
+
+    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+        key = (q.shape, k.shape, str(q.dtype), bool(causal), kv_lengths is None, scale)
+        if k.shape[1] >= 1024 and key in cache:
+            return cache[key]
+        out = reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+        if k.shape[1] >= 1024 and not isinstance(out, jax.core.Tracer):
+            cache[key] = out
+        return out
+
+    return attention
+
+
+def _backward_ignores_scale() -> Attention:
+    """Runs eagerly around the shared ``reference`` executable: dQ and dK carry head_dim**-0.5 instead of
+    the given scale (exact when scale=None)."""
+    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+        call = functools.partial(reference, causal=causal, kv_lengths=kv_lengths, scale=scale)
+        wrong = 1.0 if scale is None else q.shape[-1] ** -0.5 / scale
+
+        @jax.custom_vjp
+        def attn(q, k, v):
+            return call(q, k, v)
+
+        def fwd(q, k, v):
+            return call(q, k, v), (q, k, v)
+
+        def bwd(residuals, g):
+            dq, dk, dv = jax.vjp(call, *residuals)[1](g)
+            return (dq * wrong).astype(dq.dtype), (dk * wrong).astype(dk.dtype), dv
+
+        attn.defvjp(fwd, bwd)
+        return attn(q, k, v)
+
+    return attention
+
+
 def _zeros(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     return jnp.zeros_like(q)
 
@@ -247,15 +452,15 @@ def _wrong_dtype(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale).astype(jnp.float32)
 
 
-def _kernel(module: str, *names: str) -> Callable[[], Attention]:
-    """Lazy loader for ``module``'s first attribute in ``names`` (or ``module`` itself if it is a function).
+def _kernel(find: Callable[[], Attention]) -> Callable[[], Attention]:
+    """Lazy loader of the kernel ``find()`` returns (e.g. ``kernel_src.registry.Implementation.load``).
 
     The kernel is graded under ``jax.jit`` (static ``causal``/``scale``), as it runs in a model; without
     it an interpret-mode ``pallas_call`` is traced and compiled again on every call.
     """
     @functools.cache  # one jitted wrapper per process, so later grades reuse its executables
     def load() -> Attention:
-        fn = _find()
+        fn = find()
         jitted = jax.jit(fn, static_argnames=("causal", "scale"))
 
         @functools.wraps(fn)
@@ -265,22 +470,6 @@ def _kernel(module: str, *names: str) -> Callable[[], Attention]:
 
         return attention
 
-    def _find() -> Attention:
-        package, _, leaf = module.rpartition(".")
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as e:
-            if e.name != module:
-                raise
-            mod = getattr(importlib.import_module(package), leaf, None)
-            if mod is None:
-                raise CandidateLoadError(f"{module} is not importable yet ({e})") from e
-        if callable(mod) and not isinstance(mod, type(sys)):
-            return mod
-        for name in names:
-            if callable(getattr(mod, name, None)):
-                return getattr(mod, name)
-        raise CandidateLoadError(f"{module} has none of {names}")
     return load
 
 
@@ -296,18 +485,22 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
     Candidate("reference", "reference",
               "kernel_src.reference_attention: the contract-precision pure-JAX oracle (fp32 logits, "
               "statistics and accumulation; output in the input dtype).", _constant(reference)),
-    Candidate("pallas", "kernel",
-              "kernel_src.pallas_attention: Pallas masked softmax inside XLA matmuls (interpret mode on CPU).",
-              _kernel("kernel_src.pallas_attention", "pallas_attention", "attention")),
-    Candidate("flash", "kernel",
-              "kernel_src.flash_attention.flash_attention: fused Pallas flash kernel (interpret mode on CPU).",
-              _kernel("kernel_src.flash_attention", "flash_attention", "attention")),
+    *(Candidate(impl.grading_name, "kernel", f"{impl.target}: {impl.description}", _kernel(impl.load))
+      for impl in IMPLEMENTATIONS.values() if impl.kind == "kernel" and impl.grading_name and impl.contract),
     Candidate("rounded-probs", "correct-variant",
               "Probabilities rounded to the input dtype before P·V (the contract allows it), fp32 accumulation.",
               _constant(_variant(probs_in_input_dtype=True))),
     Candidate("online-softmax", "correct-variant",
               "Online softmax over 16-key chunks (running max, sum and fp32 accumulator), like a flash kernel.",
               _constant(_contract(_online_softmax))),
+    Candidate("flash-style", "correct-variant",
+              "Rounds where FlashAttention-2/3 do: 128x128 tiles both ways, exp2 on log2(e)-scaled logits, "
+              "P in the input dtype before P·V; backward with P and dS in the input dtype, fp32 accumulation.",
+              _constant(_contract(_flash_style))),
+    Candidate("per-head-dkv", "correct-variant",
+              "flash-style whose backward rounds each query head's dK/dV contribution to the input dtype "
+              "before summing over the group (FlashAttention-2 on repeated K/V heads).",
+              _constant(_contract(functools.partial(_flash_style, per_head_dkv=True)))),
     _bad("ignores-causal", "Ignores causal=True: every query sees future keys.",
          ("causal-leak", "mask-readout"), _constant(_variant(ignore_causal=True))),
     _bad("missing-mask", "Ignores kv_lengths: padding keys take part in the softmax.",
@@ -344,6 +537,36 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
          "unrelated to q, k, v.", ("fresh-inputs", "forward-accuracy"), _constant(_unrelated)),
     _bad("nondeterministic", "Correct to about one fp32 ulp but different bits on every call "
          "(like unordered atomic accumulation).", ("determinism",), _constant(_nondeterministic)),
+    # Bugs the old four toy shapes (head_dim <= 64, q_len <= 24, kv_len <= 136) could not see.
+    _bad("head-dim-tile", "Logits from the first 128 entries of head_dim only (a kernel tiled for head_dim "
+         "<= 128): exact at head_dim 64 and 128, wrong at 256.", ("forward-accuracy", "mask-readout"),
+         _constant(_variant(head_dim_tile=True))),
+    _bad("query-tile-local-causal", "Causal mask built from the row index inside its 128-row query tile "
+         "(the tile's start never added): exact while q_len <= 128.", ("forward-accuracy", "causal-leak"),
+         _constant(_variant(query_tile_local=True))),
+    _bad("key-tile-wrap", "Key j >= 256 reads K/V row j % 256 (the key tile index wraps after the second "
+         "128-key tile, like a double-buffer slot used as block index): exact while kv_len <= 256.",
+         ("forward-accuracy",), _constant(_variant(key_tile_wrap=True))),
+    _bad("input-dtype-accumulator", "Online softmax over 32-key blocks (a Triton-sized tile) whose output "
+         "accumulator is kept in the input dtype between blocks: one bfloat16 rounding per block, visible once "
+         "kv_len reaches thousands.", ("forward-accuracy", "padding-leak"),
+         _constant(_contract(functools.partial(_online_softmax, chunk=32, bug="input-dtype-accumulator")))),
+    _bad("backward-ignores-scale", "Forward exact; the backward multiplies dQ and dK by head_dim**-0.5 "
+         "instead of the given scale (exact whenever scale=None).", ("gradients", "scale"),
+         _backward_ignores_scale),
+    _bad("large-kv-top-left", "A size-dispatched path: for kv_len >= 1024 the causal mask is aligned "
+         "top-left (j <= i); the small-kv path is right.", ("forward-accuracy", "gradients"),
+         _constant(_variant(large_kv_top_left=True))),
+    _bad("frozen-running-max", "Online softmax over 128-key chunks whose running max is set by the first "
+         "chunk and never raised: exp overflows once a later key's logit exceeds it by 89.",
+         ("large-logits",), _constant(_contract(functools.partial(_online_softmax, chunk=128,
+                                                                 bug="frozen-max")))),
+    _bad("split-kv-without-maxima", "Split-KV decoding (q_len <= 16, 512-key splits) that combines the "
+         "splits' results with their sums but without their maxima: exact while kv_len <= 512.",
+         ("large-logits",), _constant(_contract(_split_kv_without_maxima))),
+    _bad("memoizing-large", "Caches outputs by shape and flags once kv_len >= 1024 (like an autotuning "
+         "cache that also keeps results): right on the first call of each large shape only.",
+         ("forward-accuracy", "large-logits", "gradients"), _memoizing_large),
     _bad("wrong-dtype", "Returns float32 for bfloat16 inputs (accurate, but breaks the output dtype rule).",
          ("output-shape-dtype",), _constant(_wrong_dtype)),
 ]}

@@ -1,7 +1,7 @@
 """How well the rubric tells right from wrong: false rejects of correct candidates, power on bad ones.
 
 ``measure_power(seeds=200)`` grades every candidate on seeds ``first_seed .. first_seed + seeds - 1``
-(fresh inputs per seed on every trial, the shapes in ``grading.checks.SHAPES``) with the same checks and
+(fresh shapes and inputs per seed at ``level``, see ``grading.problems``) with the same checks and
 the same tolerance as a scorecard: each power trial *is* a full scorecard. Correct candidates (kind
 reference, kernel, correct-variant) should never be rejected; each known-bad one should be rejected on
 every seed, ideally by the check built for its bug.
@@ -13,10 +13,12 @@ that would have with the policy's ``k`` (``needed_floor_eps``). For correct cand
 below the policy; for a known-bad one a ``needed_k`` far above it means only a much looser grader would
 let it through.
 
-The result is the ``power`` field of ``correctness.json`` (see ``measure/schemas/correctness.schema.json``).
-Cost: after the first seed compiled its executables, a pure-JAX candidate takes about a second per seed on
-a 2-core CPU; interpret-mode Pallas kernels take longer, so they may run on fewer seeds
-(``kernel_seeds``); each entry's ``trials`` says how many seeds it got.
+The result is the ``power`` field of ``correctness.json`` (see ``records/schemas/correctness.schema.json``),
+measured on CPU (numerics are valid there; no kernel speed is implied). Cost at the full level: the
+float64 truth of a seed takes tens of seconds on a 2-core CPU (once per seed, shared by all candidates)
+and every seed draws new shapes, so each candidate compiles again per seed; interpret-mode Pallas
+kernels take minutes per seed, so they may run on fewer seeds (``kernel_seeds``); each entry's
+``trials`` says how many seeds it got.
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from tqdm.auto import tqdm
 
 from grading import checks as C
 from grading.candidates import BUILTIN, Candidate, CandidateLoadError, resolve
-from grading.rubric import grade
+from grading.problems import QUICK, draw_shapes
+from grading.rubric import grade_seeds
 from grading.tolerance import POLICY, needed_floor, needed_k
 
 CORRECT_KINDS = ("reference", "kernel", "correct-variant")
@@ -54,10 +57,14 @@ def _group(v) -> str:
 
 
 def measure_power(*, seeds: int, candidates: Sequence[str | Candidate] | None = None, progress: bool = True,
-                  first_seed: int = 0, kernel_seeds: int | None = None, time_limit_s: float = 120.0) -> dict:
-    """Grade each candidate on ``seeds`` seeds (``kernel_seeds`` for kind "kernel", default the same).
+                  first_seed: int = 0, kernel_seeds: int | None = None, time_limit_s: float | None = None,
+                  level: str = "full") -> dict:
+    """Grade each candidate on ``seeds`` seeds (``kernel_seeds`` for kind "kernel", default the same) at
+    ``level``. Seeds go in blocks of ``grading.checks.CACHE_SEEDS``: within a block every candidate is
+    graded by one worker (``grade_seeds``) on every seed of the block, and the problems (inputs, truth,
+    baseline) of the block's seeds are computed once for all candidates.
 
-    Returns the JSON-able power summary (format in ``measure/schemas/correctness.schema.json``, ``power``).
+    Returns the JSON-able power summary (format in ``records/schemas/correctness.schema.json``, ``power``).
     """
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
@@ -68,42 +75,59 @@ def measure_power(*, seeds: int, candidates: Sequence[str | Candidate] | None = 
                       "floor": defaultdict(float), "k_to_pass": []} for c in cands}
     total = sum(kernel_seeds if c.kind == "kernel" else seeds for c in cands)
     bar = tqdm(total=total, desc="power", unit="grade", disable=not progress)
-    for seed in range(first_seed, first_seed + seeds):
+    limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+    all_seeds = list(range(first_seed, first_seed + seeds))
+    for at in range(0, seeds, C.CACHE_SEEDS):
+        block = all_seeds[at:at + C.CACHE_SEEDS]
         for cand in cands:
-            if cand.kind == "kernel" and seed >= first_seed + kernel_seeds:
+            mine = [s for s in block if cand.kind != "kernel" or s < first_seed + kernel_seeds]
+            if not mine:
                 continue
-            bar.set_postfix_str(f"seed {seed} {cand.name}")
+            bar.set_postfix_str(f"seeds {mine[0]}-{mine[-1]} {cand.name}")
             start = time.perf_counter()
-            card = grade(cand, seed=seed, time_limit_s=time_limit_s)
+            cards = grade_seeds(cand, mine, level=level, **limit)
             s = stats[cand.name]
             s["seconds"] += time.perf_counter() - start
-            s["trials"] += 1
-            if card.error:
-                s["errors"][card.error] += 1
-            if not card.passed:
-                s["rejected"] += 1
-                s["rejected_by"].update(card.failed)
-                if set(card.failed) & set(cand.catches):
-                    s["by_intended"] += 1
-            worst_k = 0.0
-            for verdicts in card.verdicts.values():
-                for v in verdicts:
-                    g = _group(v)
-                    s["ratio"][g] = max(s["ratio"][g], v.ratio)
-                    k, f = needed_k(v), needed_floor(v)
-                    s["k"][g], s["floor"][g] = max(s["k"][g], k), max(s["floor"][g], f)
-                    worst_k = max(worst_k, k)
-            s["k_to_pass"].append(worst_k)
-            bar.update(1)
+            for card in cards:
+                _tally(s, cand, card)
+            bar.update(len(mine))
     bar.close()
-    return _summary(cands, stats, seeds, first_seed)
+    return _summary(cands, stats, seeds, first_seed, level)
+
+
+def _tally(s: dict, cand: Candidate, card) -> None:
+    s["trials"] += 1
+    if card.error:
+        s["errors"][card.error] += 1
+    if not card.passed:
+        s["rejected"] += 1
+        s["rejected_by"].update(card.failed)
+        if set(card.failed) & set(cand.catches):
+            s["by_intended"] += 1
+    worst_k = 0.0
+    for verdicts in card.verdicts.values():
+        for v in verdicts:
+            g = _group(v)
+            s["ratio"][g] = max(s["ratio"][g], v.ratio)
+            k, f = needed_k(v), needed_floor(v)
+            s["k"][g], s["floor"][g] = max(s["k"][g], k), max(s["floor"][g], f)
+            worst_k = max(worst_k, k)
+    s["k_to_pass"].append(worst_k)
 
 
 def _num(x: float) -> float | None:
     return float(f"{x:.4g}") if np.isfinite(x) else None
 
 
-def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int) -> dict:
+def _shapes(seeds: int, first_seed: int, level: str) -> list[dict]:
+    """Every shape graded: ``slot`` (quick level: the same on every seed) or ``slot@seed`` (full level)."""
+    if level == "quick":
+        return [{"name": n, **d._asdict()} for n, d in QUICK.items()]
+    return [{"name": f"{slot}@{seed}", **d._asdict()} for seed in range(first_seed, first_seed + seeds)
+            for slot, d in draw_shapes(seed, level).items()]
+
+
+def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int, level: str = "full") -> dict:
     entries = []
     for cand in cands:
         s = stats[cand.name]
@@ -127,7 +151,8 @@ def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int) -
     return {
         "seeds": seeds,
         "first_seed": first_seed,
-        "shapes": [{"name": n, **d._asdict()} for n, d in C.SHAPES.items()],
+        "level": level,
+        "shapes": _shapes(seeds, first_seed, level),
         "dtypes": ["float32", "bfloat16"],
         "checks": [spec.name for spec in (*C.CHECKS, C.FINITE)],
         "policy": POLICY.to_dict(),
@@ -142,11 +167,18 @@ def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int) -
 def power_markdown(power: dict) -> str:
     """A Markdown report of a ``measure_power`` result (for the card)."""
     pol = power["policy"]
+    level = power.get("level", "quick")
+    if level == "quick":
+        shapes = "shapes " + ", ".join(f"{s['name']}=(b{s['batch']}, q{s['q_len']}, kv{s['kv_len']}, h{s['num_q_heads']}/"
+                                       f"{s['num_kv_heads']}, d{s['head_dim']})" for s in power["shapes"])
+    else:
+        dims = sorted({s["head_dim"] for s in power["shapes"]})
+        longest = max(s["kv_len"] for s in power["shapes"])
+        shapes = (f"{len(power['shapes'])} shapes drawn by seed (grading.problems: head_dim {dims}, groups 1-8, "
+                  f"kv_len up to {longest})")
     lines = [
         f"Grader power over {power['seeds']} seeds (seeds {power['first_seed']}..{power['first_seed'] + power['seeds'] - 1}), "
-        f"fresh inputs on every trial, shapes "
-        + ", ".join(f"{s['name']}=(b{s['batch']}, q{s['q_len']}, kv{s['kv_len']}, h{s['num_q_heads']}/"
-                    f"{s['num_kv_heads']}, d{s['head_dim']})" for s in power["shapes"]) + ", float32 and bfloat16.",
+        f"level {level}, measured on CPU; fresh inputs on every trial, {shapes}, float32 and bfloat16.",
         "",
         f"Tolerance: error <= k x reference error + floor, k = {pol['k']['forward']:g} (forward), "
         f"{pol['k']['gradient']:g} (gradients), floor = {pol['floor']['float32_eps_multiple']:g} float32 ulps "

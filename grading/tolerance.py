@@ -125,6 +125,7 @@ class Verdict:
     tol_worst: float
     dtype: str = "float32"
     gradient: bool = False
+    floor_scale: float = 1.0  # the floor's multiple of ``Policy.floor``: max(1, largest |scaled logit|)
 
     @property
     def ok(self) -> bool:
@@ -152,12 +153,25 @@ class Verdict:
 
 
 def judge(label: str, candidate: np.ndarray, truth: np.ndarray, baseline: np.ndarray, dtype: str,
-          *, gradient: bool, magnitude: np.ndarray | None = None, policy: Policy = POLICY) -> Verdict:
+          *, gradient: bool, magnitude: np.ndarray | None = None, policy: Policy = POLICY,
+          alternative: np.ndarray | None = None, logit_scale: float = 1.0) -> Verdict:
     """Judge ``candidate`` against ``truth`` with the bound set by ``baseline`` (the reference's result);
-    both errors are relative to ``magnitude`` (default ``|truth|``)."""
+    both errors are relative to ``magnitude`` (default ``|truth|``).
+
+    ``alternative``: a second allowed way of rounding (dK/dV with each query head's contribution rounded
+    to the input dtype before the group sum, ``Problem.grouped_baseline``); the baseline error is then
+    the larger of the two, metric by metric.
+
+    ``logit_scale``: the largest ``|scale * q.k|`` a visible key gets; the floor is multiplied by
+    ``max(1, logit_scale)``, since float32 logits carry an absolute error of about ``|logit| * eps`` and
+    every probability (and what is computed from it) inherits it as a relative error."""
     cand, base = error(candidate, truth, magnitude), error(baseline, truth, magnitude)
-    k, floor = policy.k(gradient), policy.floor(dtype)
-    return Verdict(label, cand, base, k * base.norm + floor, k * base.worst + floor, dtype, gradient)
+    if alternative is not None:
+        alt = error(alternative, truth, magnitude)
+        base = Error(max(base.norm, alt.norm), max(base.worst, alt.worst), base.index)
+    scale = max(1.0, float(logit_scale)) if np.isfinite(logit_scale) else 1.0
+    k, floor = policy.k(gradient), policy.floor(dtype) * scale
+    return Verdict(label, cand, base, k * base.norm + floor, k * base.worst + floor, dtype, gradient, scale)
 
 
 def needed_floor(verdict: Verdict, policy: Policy = POLICY) -> float:
@@ -165,12 +179,12 @@ def needed_floor(verdict: Verdict, policy: Policy = POLICY) -> float:
     k = policy.k(verdict.gradient)
     excess = max(verdict.candidate.norm - k * verdict.baseline.norm,
                  verdict.candidate.worst - k * verdict.baseline.worst)
-    return float("inf") if np.isnan(excess) else max(0.0, excess) / EPS["float32"]
+    return float("inf") if np.isnan(excess) else max(0.0, excess) / (EPS["float32"] * verdict.floor_scale)
 
 
 def needed_k(verdict: Verdict, policy: Policy = POLICY) -> float:
     """The smallest ``k`` at which this verdict would pass with the policy's floor (0 if the floor suffices)."""
-    floor = policy.floor(verdict.dtype)
+    floor = policy.floor(verdict.dtype) * verdict.floor_scale
     ks = []
     for err, base in ((verdict.candidate.norm, verdict.baseline.norm),
                       (verdict.candidate.worst, verdict.baseline.worst)):

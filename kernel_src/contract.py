@@ -4,13 +4,31 @@
 
 * ``q``: ``[batch, q_len, num_q_heads, head_dim]``; ``k``, ``v``:
   ``[batch, kv_len, num_kv_heads, head_dim]`` (the layout of
-  ``jax.nn.dot_product_attention``).
+  ``jax.nn.dot_product_attention``); all three float32 or all three bfloat16.
 * ``causal`` is bottom-right aligned: query ``i`` sees key ``j`` iff
   ``j <= i + (kv_len - q_len)``.
 * ``kv_lengths``: int ``[batch]``; key ``j >= kv_lengths[b]`` is padding.
 * Grouped-query: query head ``h`` reads kv head ``h // (num_q_heads // num_kv_heads)``.
-* ``scale`` defaults to ``head_dim ** -0.5``. A query row with no visible key
-  yields exact zeros.
+* ``scale`` defaults to ``head_dim ** -0.5``; a given ``scale`` is used as is, in
+  the forward and in the gradients.
+
+Rules the rubric (``grading.checks``) judges, each by a named check:
+
+* The output has ``q``'s shape and its dtype equals ``q.dtype`` (output-shape-dtype).
+* A query row with no visible key yields exact zeros, and its dQ is exactly zero
+  (empty-rows).
+* dK and dV are exactly zero for keys that no query sees: padding, and keys in the
+  future of every row (gradients, and every check that takes gradients).
+* Padded K/V slots (``j >= kv_lengths[b]``) may hold any *finite* values; they change
+  neither the output nor a gradient (padding-leak fills them with large finite values).
+  NaN or Inf there is outside the contract: the reference computes ``0 * V`` for them.
+* Precision: logits, softmax statistics and accumulation in fp32. Probabilities (and,
+  in the backward, P and dS) may be rounded to the input dtype before a matmul, and
+  each query head's dK/dV contribution may be rounded to the input dtype before the
+  sum over its group; the result is judged against a float64 truth with a bound set by
+  the reference's own error (``grading.tolerance``).
+* ``jax.grad`` works; the same inputs give the same bits (determinism); different
+  inputs get their own answers (no result kept by shape).
 """
 
 from __future__ import annotations

@@ -16,9 +16,13 @@ def test_roster_has_the_required_candidates():
     for cand in BUILTIN.values():
         kinds.setdefault(cand.kind, []).append(cand.name)
     assert {"reference", "pallas", "flash"} <= set(BUILTIN)
-    assert len(kinds["correct-variant"]) >= 2
-    assert len(kinds["known-bad"]) >= 12
+    assert {"rounded-probs", "online-softmax", "flash-style", "per-head-dkv"} <= set(kinds["correct-variant"])
+    assert len(kinds["known-bad"]) >= 21
     assert {"ignores-causal", "missing-mask", "low-precision", "wrong-gqa"} <= set(kinds["known-bad"])
+    # Bugs of real kernels at real sizes (issue 9): each names the check(s) that catch it.
+    assert {"head-dim-tile", "query-tile-local-causal", "key-tile-wrap", "input-dtype-accumulator",
+            "backward-ignores-scale", "large-kv-top-left", "frozen-running-max", "split-kv-without-maxima",
+            "memoizing-large"} <= set(kinds["known-bad"])
 
 
 @pytest.mark.parametrize("name", sorted(BUILTIN))
@@ -92,7 +96,20 @@ def test_missing_module_is_a_load_error():
 
 def test_kernel_loader_reports_a_missing_kernel():
     from grading.candidates import _kernel
+    from kernel_src.registry import Implementation
 
-    cand = Candidate("ghost", "kernel", "A kernel that does not exist.", _kernel("kernel_src.no_such_kernel", "f"))
+    ghost = Implementation("ghost", "kernel_src.no_such_kernel:f", "kernel", "absent", scopes=(), pallas=True)
+    cand = Candidate("ghost", "kernel", "A kernel that does not exist.", _kernel(ghost.load))
     with pytest.raises(CandidateLoadError, match="no_such_kernel"):
         cand.load()
+
+
+def test_kernel_builtins_come_from_the_registry():
+    from kernel_src.registry import IMPLEMENTATIONS
+
+    kernels = {n for n, c in BUILTIN.items() if c.kind == "kernel"}
+    assert kernels == {i.grading_name for i in IMPLEMENTATIONS.values()
+                       if i.kind == "kernel" and i.grading_name and i.contract}
+    for name in kernels:
+        assert BUILTIN[name].summary.startswith(
+            next(i.target for i in IMPLEMENTATIONS.values() if i.grading_name == name))
