@@ -42,15 +42,17 @@ def _lanes(x: jax.Array, width: int) -> jax.Array:
 
 
 
-def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
-                           m_scratch, l_scratch, acc_scratch, *, plan: Plan, num_k_blocks: int):
+def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
+                    num_k_blocks: int, with_lse: bool):
     """Forward of one (batch, q head, query block, key block) grid step.
 
     lengths_ref: int32 ``[batch]`` key lengths (SMEM). q_ref: ``[block_q, head_dim]``; k_ref,
     v_ref: ``[block_k, head_dim]`` of kv head ``q head // group``. o_ref: ``[block_q, head_dim]``
-    in the input dtype; lse_ref: fp32 ``[block_q, 128]`` lane-replicated log-sum-exp. Scratch:
-    fp32 running max and sum ``[block_q, 128]``, accumulator ``[block_q, head_dim]``.
+    in the input dtype; then, ``with_lse`` only, lse_ref: fp32 ``[block_q, 128]`` lane-replicated
+    log-sum-exp. Scratch: fp32 running max and sum ``[block_q, 128]``, accumulator
+    ``[block_q, head_dim]``.
     """
+    lse_ref, (m_scratch, l_scratch, acc_scratch) = (refs[0], refs[1:]) if with_lse else (None, refs)
     b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     block_q, block_k = q_ref.shape[0], k_ref.shape[0]
     length = lengths_ref[b]
@@ -73,7 +75,8 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, lse_ref,
     def _store():
         out, lse = finish(m_scratch[...], l_scratch[...], acc_scratch[...], _lanes)
         o_ref[...] = out.astype(o_ref.dtype)
-        lse_ref[...] = lse
+        if with_lse:
+            lse_ref[...] = lse
 
 
 def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref,
@@ -211,25 +214,31 @@ def key_side_maps(plan: Plan, block_q: int, block_k: int, num_q_blocks: int):
     return q_map, kv_map
 
 
-def forward(q, k, v, lengths, plan: Plan):
-    """``(out [b, q_pad, hq*d], lse [b, q_pad, hq*128] fp32)`` from ``[b, seq_pad, heads*d]``."""
+def forward(q, k, v, lengths, plan: Plan, with_lse: bool = True):
+    """``(out [b, q_pad, hq*d], lse [b, q_pad, hq*128] fp32)`` from ``[b, seq_pad, heads*d]``.
+
+    ``with_lse=False`` (a forward-only call) writes no log-sum-exp: lse is ``None``.
+    """
     batch, q_pad, _ = q.shape
     kv_pad = k.shape[1]
     d = q.shape[2] // plan.num_q_heads
     bq, bk = plan.blocks.block_q, plan.blocks.block_k
     grid = (batch, plan.num_q_heads, q_pad // bq, kv_pad // bk)
     q_map, kv_map = query_side_maps(plan, bq, bk)
-    kernel = functools.partial(_forward_kernel, plan=plan, num_k_blocks=grid[3])
-    return _call(
+    kernel = functools.partial(_forward_kernel, plan=plan, num_k_blocks=grid[3],
+                               with_lse=with_lse)
+    out_specs = [pl.BlockSpec((None, bq, d), q_map), pl.BlockSpec((None, bq, LANES), q_map)]
+    out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
+                 jax.ShapeDtypeStruct((batch, q_pad, plan.num_q_heads * LANES), F32)]
+    results = _call(
         kernel, grid,
         in_specs=[pl.BlockSpec((None, bq, d), q_map), pl.BlockSpec((None, bk, d), kv_map),
                   pl.BlockSpec((None, bk, d), kv_map)],
-        out_specs=[pl.BlockSpec((None, bq, d), q_map), pl.BlockSpec((None, bq, LANES), q_map)],
-        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype),
-                   jax.ShapeDtypeStruct((batch, q_pad, plan.num_q_heads * LANES), F32)],
+        out_specs=out_specs[:1 + with_lse], out_shape=out_shape[:1 + with_lse],
         scratch=[(bq, LANES), (bq, LANES), (bq, d)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=2,
     )(lengths, q, k, v)
+    return (results[0], results[1] if with_lse else None)
 
 
 def _backward_kernels(q, k, v, lengths, lse, di, do, plan: Plan):
