@@ -3,7 +3,6 @@ gating before data, refusals (verify, existing tag, repo name, version), dry run
 
 from __future__ import annotations
 
-import hashlib
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
