@@ -155,3 +155,18 @@ def test_bfloat16_reference_rounds_only_its_output():
     assert out.dtype == jnp.bfloat16
     e = error(out, truth.out, truth.magnitude["out"])
     assert e.norm <= bound and e.worst <= bound, (e, bound)
+
+
+def test_reference_is_within_float32_rounding_for_logits_near_300():
+    """Every logit shifted by about +300 (a common direction in q and k): without the row max
+    subtracted exp overflows, so a reference that lost its max (or its -inf mask fill) fails here."""
+    q, k, v, ct, kw = _inputs("gqa3-causal-lengths")
+    u = np.full(q.shape[-1], q.shape[-1] ** -0.5, np.float32)  # unit vector
+    q, k = q + 40 * u, k + 40 * u
+    lengths = np.asarray(kw["kv_lengths"])
+    truth = oracle.attention(q, k, v, ct, causal=kw["causal"], kv_lengths=lengths, scale=kw["scale"])
+    bounds = _bounds(q, k, truth, kw["scale"])
+    logits = np.einsum("bihd,bjhd->bhij", q[:, :, :3], k) * q.shape[-1] ** -0.5
+    assert logits.min() > 150  # the premise
+    out, dq, dk, dv = _call(q, k, v, ct, **kw)
+    _assert_within({"out": out, "dq": dq, "dk": dk, "dv": dv}, truth, bounds, "logits near 300")
