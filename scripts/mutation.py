@@ -25,7 +25,7 @@ import concurrent.futures
 import json
 import os
 import random
-import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -49,18 +49,26 @@ class Target:
 
 
 TARGETS = {t.name: t for t in (
-    Target("tolerance", "grading/tolerance.py", ("tests/test_tolerance_policy.py",), 30),
-    Target("truth", "grading/oracle.py", ("tests/test_truth.py",), 25),
-    Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 20),
-    Target("checks", "grading/checks.py", ("tests/test_rubric.py",), 10),
-    Target("rules", "builder/rules.py", ("tests/test_rule_refusals.py",), 30),
-    Target("derive", "builder/derive.py", ("tests/test_verify.py",), 12),
-    Target("verify", "builder/verify.py", ("tests/test_verify.py",), 12),
+    Target("tolerance", "grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
+    Target("truth", "grading/oracle.py", ("tests/test_truth.py",), 20),
+    Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
+    Target("checks", "grading/checks.py", ("tests/test_rubric.py", "-k", "not full and not called_twice"), 6),
+    Target("rules", "builder/rules.py", ("tests/test_rule_refusals.py",), 20),
+    Target("derive", "builder/derive.py", ("tests/test_verify.py",), 8),
+    Target("verify", "builder/verify.py", ("tests/test_verify.py",), 8),
 )}
 
 # Surviving mutants that change no observable behaviour: (path, original line, mutated line) -> why.
 # Lines are compared with surrounding whitespace stripped.
-EQUIVALENT: dict[tuple[str, str, str], str] = {}
+_DENOM = ("the softmax denominator is 0 (no visible key) or >= 1 (the row max contributes exp(0) = 1 and the "
+          "other terms are >= 0), so `> 0` and `> 1` pick the same divisor")
+EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("grading/oracle.py", "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 1, denom, 1.0)"): _DENOM,
+    ("grading/oracle.py", "return e / np.where(denom > 0, denom, 1.0)",
+     "return e / np.where(denom > 1, denom, 1.0)"): _DENOM,
+    ("kernel_src/reference.py", "return p / jnp.where(denom > 0, denom, 1.0)",
+     "return p / jnp.where(denom > 1, denom, 1.0)"): _DENOM,
+}
 
 
 @dataclass
@@ -167,7 +175,7 @@ def run_target(target: Target, seed: int, sample: int, workdir: Path, timeout_fa
         f'module-path = "{target.path}"\n'
         f"timeout = {timeout:.0f}\n"
         "excluded-modules = []\n"
-        f"test-command = {json.dumps(' '.join(test_command))}\n\n"
+        f"test-command = {json.dumps(shlex.join(test_command))}\n\n"
         '[cosmic-ray.distributor]\nname = "local"\n')
     db_path = copy / "mutation.sqlite"
     _cosmic(copy, "init", str(config), str(db_path))

@@ -274,6 +274,13 @@ def test_masked_softmax_is_the_contract_softmax(causal, lengths):
     assert np.all(got.sum(-1)[np.broadcast_to(empty, got.shape[:-1])] == 0)
 
 
+@pytest.mark.skipif(not hasattr(oracle, "masked_softmax"), reason="grading.oracle has no masked_softmax yet")
+def test_masked_softmax_defaults_to_no_mask():
+    logits = np.random.default_rng(13).standard_normal((1, 2, 3, 3))
+    w = np.exp(logits)
+    assert np.allclose(oracle.masked_softmax(logits), w / w.sum(-1, keepdims=True), rtol=1e-13, atol=0)
+
+
 def test_truth_is_exact_for_logits_far_below_zero():
     """Softmax is shift-invariant: rows whose visible logits all lie near -1000 (exp underflows unless
     the row max is subtracted) still get the softmax of their logits, summing to one."""
