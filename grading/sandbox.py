@@ -181,7 +181,8 @@ class Sandbox:
                 os.close(fd)
             except OSError:
                 pass
-        kill_descendants(self.proc, self._before)
+        spare = {box.proc.pid for box in list(_LIVE) if box.proc is not None}  # other sandboxes' workers
+        kill_descendants(self.proc, self._before, spare=spare)
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -302,9 +303,11 @@ def load_request(candidate) -> dict:
                                  f"give it as path/to/file.py:function") from None
 
 
-def kill_descendants(proc: subprocess.Popen, before: dict[int, float], *, rounds: int = 50) -> None:
+def kill_descendants(proc: subprocess.Popen, before: dict[int, float], *, spare: set[int] = frozenset(),
+                     rounds: int = 50) -> None:
     """SIGKILL ``proc``, its descendants, and this process's children not in ``before`` (pid ->
-    create time), with their descendants, until none is found; reap them."""
+    create time) nor in ``spare`` (other open sandboxes' workers), with their descendants, until none
+    is found; reap them."""
     me = os.getpid()
     for _ in range(rounds):
         found: dict[int, psutil.Process] = {}
@@ -317,7 +320,7 @@ def kill_descendants(proc: subprocess.Popen, before: dict[int, float], *, rounds
             pass
         for child in psutil.Process().children():
             try:
-                if before.get(child.pid) == child.create_time():
+                if before.get(child.pid) == child.create_time() or child.pid in spare:
                     continue
                 found[child.pid] = child
                 found.update((c.pid, c) for c in child.children(recursive=True))

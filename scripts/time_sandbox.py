@@ -5,8 +5,10 @@ whole default grade (full level) of pure-JAX candidates, each in a fresh grader 
     python scripts/time_sandbox.py                          # reference; 3 bare worker starts
     python scripts/time_sandbox.py --candidate zeros --level quick --starts 5
 
-A measurement, not a test: the figures depend on the machine's load, printed with them (target on a
-2-core CPU: a default grade of a pure-JAX candidate <= 60 s including the worker's start).
+A measurement, not a test: the wall-clock figures depend on the machine's load, printed with them;
+the CPU seconds (grader process, and the worker's, reaped) depend on it much less, and on an idle
+machine the grade's wall time is about their sum (grader and worker take turns). Target on a 2-core
+CPU: a default grade of a pure-JAX candidate <= 60 s including the worker's start.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import subprocess
 import sys
 
 CHILD = r"""
-import json, sys, time
+import json, resource, sys, time
 from grading import rubric, runner, sandbox
 
 name, level, starts = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -31,9 +33,15 @@ original = runner.Runner.start
 def timed_start(self):
     error = original(self); load.append(self.startup_s); return error
 runner.Runner.start = timed_start
+def cpu(who):
+    r = resource.getrusage(who)
+    return r.ru_utime + r.ru_stime
+c0, w0 = cpu(resource.RUSAGE_SELF), cpu(resource.RUSAGE_CHILDREN)
 t = time.perf_counter(); card = rubric.grade(name, level=level); grade_s = time.perf_counter() - t
 print(json.dumps({"candidate": name, "level": level, "worker_start_s": start_s, "start_and_load_s": load,
-                  "grade_s": grade_s, "passed": card.passed, "failed": card.failed, "error": card.error}))
+                  "grade_s": grade_s, "grader_cpu_s": cpu(resource.RUSAGE_SELF) - c0,
+                  "worker_cpu_s": cpu(resource.RUSAGE_CHILDREN) - w0,
+                  "passed": card.passed, "failed": card.failed, "error": card.error}))
 """
 
 
@@ -54,7 +62,8 @@ def main(argv=None) -> int:
         r = json.loads(lines[-1])
         starts = ", ".join(f"{s:.2f}" for s in r["worker_start_s"])
         print(f"{name} ({r['level']}): worker start {starts} s; start+load in the grade "
-              f"{r['start_and_load_s'][0]:.2f} s; whole grade {r['grade_s']:.1f} s; passed={r['passed']} "
+              f"{r['start_and_load_s'][0]:.2f} s; whole grade {r['grade_s']:.1f} s wall, CPU {r['grader_cpu_s']:.1f} s "
+              f"grader + {r['worker_cpu_s']:.1f} s worker; passed={r['passed']} "
               f"failed={r['failed']} error={r['error']}")
     print(f"load average after: {os.getloadavg()}")
     return 0
