@@ -222,3 +222,19 @@ def test_an_unloadable_candidate_is_a_failing_scorecard(tmp_path):
     missing = grade(f"{tmp_path / 'absent.py'}:attention", level="quick")
     assert missing.error and "does not exist" in missing.error
     _no_workers_left()
+
+
+def _raises_here(q, k, v, **kwargs):
+    raise RuntimeError("programmatic candidate ran in the worker")
+
+
+def test_a_programmatic_candidate_runs_in_a_worker_by_reference():
+    """A Candidate object whose function is importable is pickled by reference and runs in a worker;
+    one that cannot be (a lambda) is a failing scorecard that says how to give it."""
+    from grading.candidates import Candidate
+
+    card = grade(Candidate("prog", "external", "test", lambda: _raises_here), level="quick", time_limit_s=120)
+    assert "raised RuntimeError: programmatic candidate ran in the worker" in card.checks[0].detail
+    lam = grade(Candidate("lam", "external", "test", lambda: (lambda q, k, v, **kw: q)), level="quick")
+    assert lam.error and "file.py:function" in lam.error and not lam.passed
+    _no_workers_left()
