@@ -33,8 +33,19 @@ multiple of 128 (so of no tile size), positive and negative; queries ahead of ev
 one 512-row tile (``ahead``: whole query tiles see no key); a batch of 3 with distinct kv_lengths
 including 0 and full; kv_len > 2048 in bfloat16 (``accum``); split-KV decoding (``decode``, q_len 1).
 
-kv_lengths (``draw_lengths``): batch >= 3 gets ``{0, kv_len, r(1, kv_len - 1)}`` in random order; smaller
-batches random lengths in ``[1, kv_len - 1]``, the first past 128 when kv_len > 129.
+kv_lengths (``draw_lengths``): batch >= 3 gets ``{0, kv_len, r(m, kv_len - 1)}`` in random order; smaller
+batches ``kv_len`` and ``r(m, kv_len - 1)`` when ``m > 1``, else random lengths in ``[1, kv_len - 1]``, the
+first past 128 when kv_len > 129; ``m`` is 2049 for ``accum`` (long rows in bfloat16) and 641 for
+``decode`` (room for needles past the first 512-key split), 1 elsewhere (``SLOT_MIN_LENGTH``).
+
+Each slot has one dtype and set of flags (``SLOT_FLAGS``; the ``small[d]`` slots cycle through every
+combination of causal and kv_lengths, all with the explicit scale), so every (shape, dtype, flags) is
+drawn at least twice with different values in one grade. Per check (``grading.checks``):
+forward-accuracy long, accum, batch, ahead; gradients long, accum, decode, gqa; causal-leak long, ahead;
+padding-leak accum, decode; empty-rows batch, ahead (gradients); mask-readout readout (one-hot V, twice);
+gqa-mapping gqa (three draws); large-logits needle (logits ~ +-500; needles, forward and gradients) and
+decode (needles); peaky-attention gqa, batch; scale every small[d], forward and gradients; determinism
+small[d], batch; fresh-inputs readout (three draws).
 """
 
 from __future__ import annotations
