@@ -346,3 +346,26 @@ def test_an_interpret_run_admitted_with_the_flag_is_marked_interpret():
     assert accepted.interpret and accepted.record_id == "synthetic-cpu" and accepted.expected_device_count is None
     tpu = rules.accept(_base("tpu"), allow_interpret=True)
     assert not tpu.interpret and tpu.expected_device_count == 8
+
+
+def _published_pair_slack(run: dict, i: int) -> tuple[float, float]:
+    """(ratio of the pair's medians, the slack the card's rounding allows): ratios printed to 2 decimals,
+    medians to 4 decimals (ms), each off by at most half a unit of its last digit."""
+    bench = run["benchmark"]
+    cases = {c["case_id"]: c["median_ms"] for c in bench["cases"]}
+    pair = bench["pairs"][i]
+    n, d = cases[pair["numerator"]], cases[pair["denominator"]]
+    ratio = n / d
+    return ratio, 0.005 + ratio * (0.00005 / n + 0.00005 / d)
+
+
+@pytest.mark.parametrize("side", [+1, -1])
+def test_a_published_ratio_must_follow_from_its_medians_up_to_the_cards_rounding(side):
+    run = _base("summary")
+    ratio, slack = _published_pair_slack(run, 0)
+    run["benchmark"]["pairs"][0]["ratio"] = ratio + side * 0.98 * slack
+    rules.accept(run)  # within the rounding: accepted
+    run["benchmark"]["pairs"][0]["ratio"] = ratio + side * 1.02 * slack
+    with pytest.raises(rawio.RunError) as err:
+        rules.accept(run)
+    assert (err.value.rule, err.value.file, err.value.field) == ("derived", "benchmark.json", "pairs/0/ratio")
