@@ -145,22 +145,26 @@ def test_facts_name_the_relayouts_around_a_kernel():
     assert facts["outside_bytes"] >= 2 * 1024 * 256 * 4, facts
 
 
-def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction():
+@pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
+def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode):
     from bench import plan, roofline
 
-    row = plan.plan_row("tpu-v5e", 128, "fwd")
+    row = plan.plan_row("tpu-v5e", 128, mode)
     batch, hq, hk, d = row["batch"], row["num_q_heads"], row["num_kv_heads"], row["head_dim"]
-    q_bytes, kv_bytes = batch * 128 * hq * d * 2, batch * 128 * hk * d * 2
-    lse_floor = batch * 128 * hq * 4  # at least one fp32 log-sum-exp per row and head
-    assert row["flash_kernel_bytes"] >= 2 * q_bytes + 2 * kv_bytes
-    assert row["flash_kernel_bytes"] <= 2 * q_bytes + 2 * kv_bytes + 128 * lse_floor + 64
-    causal_pairs = roofline.visible_pairs(128, 128, True, None, batch)
-    assert row["flash_kernel_flops"] == 4 * hq * d * causal_pairs  # two matmuls, causal half
+    q, kv = batch * 128 * hq * d * 2, batch * 128 * hk * d * 2  # bf16 q (o, dO, dQ) and k (v)
+    lse, lengths = batch * hq * 128 * 4, batch * 4  # one fp32 per row and head; int32 lengths
+    pairs = roofline.visible_pairs(128, 128, True, None, batch) * hq
+    if mode == "fwd":  # read q, k, v; write o; a forward-only call writes no log-sum-exp
+        assert row["flash_kernel_bytes"] == 2 * q + 2 * kv + lengths
+        assert row["flash_kernel_flops"] == 2 * 2 * d * pairs  # two matmuls, causal half
+    else:  # forward with lse, dQ, dK/dV: lse and di lane-dense, each array once per kernel
+        assert row["flash_kernel_bytes"] == 7 * q + 8 * kv + 5 * lse + 3 * lengths
+        assert row["flash_kernel_flops"] == 2 * (2 + 3 + 4) * d * pairs
     assert row["xla_flops"] > row["flash_kernel_flops"]  # the reference computes every logit
     assert 0 < row["flash_over_xla"] < 10
     text = plan.render_markdown([row], "tpu-v5e", "tpu-kernel-records plan --seq 128")
     assert "Predicted by the TPU compiler, not measured" in text
-    assert "| 128 | 8 | fwd |" in text
+    assert f"| 128 | 8 | {mode} |" in text
 
 
 def test_plan_command_refuses_in_one_line_without_libtpu(monkeypatch, tmp_path, capsys):

@@ -150,10 +150,13 @@ def key_in_range(ki, length, block_k: int):
     return ki * block_k < length
 
 
-def visible_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan):
-    """``[block_q, block_k]`` visibility of one (query block, key block) tile, from iotas."""
-    q_pos = qi * block_q + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 0)
-    k_pos = ki * block_k + lax.broadcasted_iota(jnp.int32, (block_q, block_k), 1)
+def visible_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan,
+                 transposed: bool = False):
+    """``[block_q, block_k]`` visibility of one (query block, key block) tile, from iotas;
+    ``[block_k, block_q]`` if ``transposed``."""
+    shape, q_axis = ((block_k, block_q), 1) if transposed else ((block_q, block_k), 0)
+    q_pos = qi * block_q + lax.broadcasted_iota(jnp.int32, shape, q_axis)
+    k_pos = ki * block_k + lax.broadcasted_iota(jnp.int32, shape, 1 - q_axis)
     return visible(q_pos, k_pos, plan.q_len, plan.kv_len, plan.causal, length)
 
 
