@@ -10,9 +10,10 @@ One file per part, in the manner of the Pallas ops in JAX:
 * ``api``: ``flash_attention``, padding, and the ``custom_vjp`` joining forward and backward.
 
 What has been exercised: both lowerings run in interpret mode on CPU against the float64 oracle,
-the Mosaic kernels lower to ``tpu_custom_call`` and the Triton kernels to Triton IR via
-``jax.export``. What has not: compiling or running either on a real TPU or GPU from this
-repository's tests (the Triton path has never run on a GPU at all).
+the Mosaic kernels compile for a TPU v5e with libtpu on a machine without a TPU
+(``tests/test_v5e_compile.py``; ``tpu-kernel-records plan`` reads the compiler's predictions) and
+the Triton kernels lower to Triton IR via ``jax.export``. What has not: running either on a real
+TPU or GPU from this repository's tests (the Triton path has never run on a GPU at all).
 """
 
 from kernel_src.flash.api import flash_attention
