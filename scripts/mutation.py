@@ -171,6 +171,7 @@ def run_target(target: Target, seed: int, sample: int, workdir: Path, timeout_fa
     if clean.returncode != 0:
         tail = (clean.stdout + clean.stderr).strip().splitlines()[-3:]
         result.error = f"the tests fail without any mutant: {' / '.join(tail)}"
+        log(f"{target.name}: not run, {result.error}")
         return result
     timeout = max(60.0, timeout_factor * result.baseline_s)
     config = copy / "mutation.toml"
