@@ -137,7 +137,9 @@ def _build_locked(*, paths: list[Path], data_dir: Path, card_path: Path, allow_i
         for rid in sorted(rewrite):
             for name in CONFIG_NAMES:
                 (new / name).mkdir(exist_ok=True)
-                write_parquet(derived.records[rid][name], str(new / name / f"{rid}.parquet"))
+                (new / name / f"{rid}.parquet").unlink(missing_ok=True)
+                if derived.records[rid][name].num_rows:  # no empty file: datasets cannot read one
+                    write_parquet(derived.records[rid][name], str(new / name / f"{rid}.parquet"))
         (new / card.FIGURE).parent.mkdir(parents=True, exist_ok=True)
         (new / card.FIGURE).write_bytes(derived.figure())
         try:

@@ -3,7 +3,8 @@
 Layout of a data folder::
 
     raw/<record_id>/...            accepted run folders, byte for byte (manifest, JSON, evidence)
-    <config>/<record_id>.parquet   one file per record and config (benchmark, correctness, environment)
+    <config>/<record_id>.parquet   one file per record and config (benchmark, correctness, environment);
+                                   none where the record has no rows (a grader-power record's benchmark)
     figures/pallas_xla_ratio.png   the ratio figure of the card
     CARD.sha256                    sha256 of the dataset card built with this data
     SHA256SUMS                     sha256 of every other file here (``cd data && sha256sum -c SHA256SUMS``)

@@ -7,12 +7,16 @@ import copy
 import json
 from pathlib import Path
 
+import datasets
 import pyarrow.parquet as pq
 import pytest
+
+import tpu_kernel_records as tkr
 
 import release_fixtures as testing
 from builder.build import BuildError, build
 from builder.grader_power import power_documents, write_power_run
+from builder.publish import publish
 from builder.verify import verify
 from cli import main as commands
 from records import rawio
@@ -45,7 +49,8 @@ def test_power_record_builds_labelled_and_fills_the_cards_table(ws, tmp_path):
     run = write_power_run(tmp_path / "power.json", ws / "runs", _environment())
     assert build([run], ws / "data") == [RUN_ID]  # no --allow-interpret: it states no kernel speed
     data = ws / "data"
-    assert pq.read_table(data / "benchmark" / f"{RUN_ID}.parquet").num_rows == 0
+    # No benchmark rows, so no benchmark file (datasets cannot read an empty parquet file).
+    assert not (data / "benchmark" / f"{RUN_ID}.parquet").exists()
     rows = pq.read_table(data / "correctness" / f"{RUN_ID}.parquet").to_pylist()
     assert {(r["row_kind"], r["source"], r["platform"], r["interpret"]) for r in rows} == {
         ("power", "grader-power", "cpu", True)}
@@ -60,6 +65,14 @@ def test_power_record_builds_labelled_and_fills_the_cards_table(ws, tmp_path):
             "shapes A 1x8x8 4/2 heads d8; tolerance k forward 2.0, gradient 3.0, floor 1e-06; false rejects 0 of "
             "4 correct trials; missed 0 of 4 known-bad trials.") in card
     assert verify(data) == []
+    # Every config loads, through the parquet route and through the script.
+    dest = publish(ws, "me/tpu-kernel-records", stage_dir=ws / "release", out=lambda line: None)
+    for config, rows in (("benchmark", 20), ("correctness", 9), ("environment", 2)):
+        ds = datasets.load_dataset(str(ws / "release"), config, split="train", cache_dir=str(tmp_path / "c"))
+        script = tkr.load(config, data_dir=ws / "release" / "data", cache_dir=str(tmp_path / "s"))
+        assert ds.num_rows == script.num_rows == rows
+        assert (RUN_ID in ds["record_id"]) == (RUN_ID in script["record_id"]) == (config != "benchmark")
+    assert "README.md" in dest.files
 
 
 @pytest.mark.parametrize("edit, rule, field", [
