@@ -369,3 +369,20 @@ def test_a_published_ratio_must_follow_from_its_medians_up_to_the_cards_rounding
     with pytest.raises(rawio.RunError) as err:
         rules.accept(run)
     assert (err.value.rule, err.value.file, err.value.field) == ("derived", "benchmark.json", "pairs/0/ratio")
+
+
+def test_a_record_folder_must_carry_its_own_run_id(tmp_path):
+    """``builder.derive.read_record`` re-accepts data/raw/<id>: a folder renamed to another id is refused,
+    and the refusal names the file under data/raw."""
+    from builder import derive
+
+    raw = tmp_path / "data" / derive.RAW
+    testing.write(raw, "synthetic-cpu")
+    assert derive.read_record(tmp_path / "data", "synthetic-cpu").record_id == "synthetic-cpu"
+    (raw / "synthetic-cpu").rename(raw / "renamed-run")
+    with pytest.raises(rawio.RunError) as err:
+        derive.read_record(tmp_path / "data", "renamed-run")
+    e = err.value
+    assert (e.rule, e.file, e.field) == ("record-id", f"{derive.RAW}/renamed-run/manifest.json", "run_id")
+    assert str(e) == (f"[record-id] {derive.RAW}/renamed-run/manifest.json at run_id: run id 'synthetic-cpu' "
+                      "differs from its folder name")
