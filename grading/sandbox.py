@@ -150,6 +150,7 @@ class Sandbox:
         path = [os.path.abspath(p or os.curdir) for p in sys.path]
         memory = int(self.memory_limit_gb * (1 << 30)) if self.memory_limit_gb and self.memory_limit_gb > 0 else 0
         self._before = _own_children()
+        _LIVE.add(self)
         log = open(os.path.join(self._dir, "worker.log"), "wb")
         try:
             self.proc = subprocess.Popen(
@@ -162,7 +163,6 @@ class Sandbox:
             os.close(to_worker_r)
             os.close(from_worker_w)
         os.set_blocking(self._w, False)
-        _LIVE.add(self)
 
     def wait_ready(self, timeout_s: float = STARTUP_LIMIT_S) -> None:
         header, _ = self._receive(time.monotonic() + timeout_s, 0)
@@ -171,18 +171,19 @@ class Sandbox:
 
     def close(self) -> None:
         """Kill the worker and every process it started (also those that left its session); reap them."""
-        if self.closed or self.proc is None:
-            self.closed = True
+        if self.closed:
             return
         self.closed = True
         _LIVE.discard(self)
-        for fd in (self._r, self._w):
+        for fd in (getattr(self, "_r", None), getattr(self, "_w", None)):
             try:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             except OSError:
                 pass
-        spare = {box.proc.pid for box in list(_LIVE) if box.proc is not None}  # other sandboxes' workers
-        kill_descendants(self.proc, self._before, spare=spare)
+        if self.proc is not None:
+            spare = {box.proc.pid for box in list(_LIVE) if box.proc is not None}  # other sandboxes' workers
+            kill_descendants(self.proc, self._before, spare=spare)
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 
