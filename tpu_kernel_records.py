@@ -126,7 +126,18 @@ class TpuKernelRecords(datasets.ArrowBasedBuilder):
             self._data = local.name
         else:
             self._data = DATA
+            # load_dataset keys the cache on the script's hash alone; a local release also on its data.
+            fingerprint = data_fingerprint(Path(base_path) / DATA) if "://" not in base_path else None
+            if fingerprint is not None:
+                hash = hashlib.sha256(f"{hash}:{fingerprint}".encode()).hexdigest()[:16]
         super().__init__(*args, base_path=base_path, hash=hash, **kwargs)
+
+    @classmethod
+    def get_all_exported_dataset_infos(cls) -> dict:
+        """None: the card's ``dataset_info`` describes the parquet route, and datasets 2.x/3.x keep the card
+        of the first release loaded beside this script's cached module, then check later releases' split
+        sizes against it. The rows are verified by ``SHA256SUMS`` instead."""
+        return {}
 
     def _info(self) -> datasets.DatasetInfo:
         return datasets.DatasetInfo(description=DESCRIPTION, citation=CITATION, homepage=HOMEPAGE,

@@ -146,6 +146,20 @@ def test_load_dataset_runs_the_script_on_datasets_3(release, tmp_path, config):
     assert ds.info.license == LICENSE
 
 
+@pytest.mark.skipif(not SCRIPT_ROUTE, reason="datasets >= 4 no longer runs loading scripts")
+def test_script_route_serves_each_release_its_own_rows(release, tmp_path):
+    """Two releases with the same script, loaded one after the other: datasets 3.x caches the module (and the
+    first card beside it) by the script's hash; neither the card nor the prepared cache may leak across."""
+    other = testing.workspace(tmp_path / "other")
+    build([other / "runs" / PUBLISHED], other / "data")
+    publish(other, "me/tpu-kernel-records", VERSION, stage_dir=other / "release", out=lambda line: None)
+    cache = str(tmp_path / "cache")
+    for folder, rows in ((release, ROWS["benchmark"]), (other / "release", 20), (release, ROWS["benchmark"])):
+        ds = datasets.load_dataset(str(folder / "tpu_kernel_records.py"), "benchmark", split="train",
+                                   cache_dir=cache, trust_remote_code=True)
+        assert ds.num_rows == rows
+
+
 def test_staged_script_works_standalone_by_direct_builder_use(release, tmp_path):
     module = _script(release / "tpu_kernel_records.py")
     builder = module.TpuKernelRecords(config_name="environment", cache_dir=str(tmp_path / "cache"))
