@@ -291,6 +291,21 @@ def report(results: list[Result], args, wall_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def recheck(path: str, before: str, after: str) -> str:
+    """Run the tests of the module at ``path`` against one given mutant (the first line whose stripped
+    text is ``before`` replaced by ``after``), in a private copy; returns "killed" or "survived"."""
+    target = next(t for t in TARGETS.values() if t.path == path)
+    with tempfile.TemporaryDirectory(prefix="tpu-kernel-records-recheck-") as tmp:
+        copy = copy_tree(Path(tmp))
+        lines = (copy / path).read_text().splitlines(keepends=True)
+        index = next(i for i, line in enumerate(lines) if line.strip() == before)
+        indent = lines[index][:len(lines[index]) - len(lines[index].lstrip())]
+        lines[index] = indent + after + "\n"
+        (copy / path).write_text("".join(lines))
+        done = subprocess.run([*PYTEST, *target.tests], cwd=copy, env=_env(copy), capture_output=True, text=True)
+    return "survived" if done.returncode == 0 else "killed"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
@@ -299,7 +314,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="modules mutated at the same time (each in its own copy)")
     parser.add_argument("--timeout-factor", type=float, default=4.0, help="per-mutant limit = factor x clean run")
     parser.add_argument("--write", type=Path, help="write the Markdown report here (e.g. tests/MUTATION.md)")
+    parser.add_argument("--recheck", nargs=3, metavar=("PATH", "LINE", "MUTATED"),
+                        help="run PATH's tests against one mutant: LINE (stripped) replaced by MUTATED")
     args = parser.parse_args(argv)
+    if args.recheck:
+        print(recheck(*args.recheck))
+        return 0
     names = [n.strip() for n in args.modules.split(",") if n.strip()]
     unknown = [n for n in names if n not in TARGETS]
     if unknown:
