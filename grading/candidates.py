@@ -154,8 +154,8 @@ def _variant(default_scale: Callable[[int], float] = lambda d: d ** -0.5, **swit
 def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = ""):
     """Flash-style: running max, sum and fp32 accumulator over key chunks of ``chunk`` (a ``lax.scan``).
 
-    ``bug`` (known-bad candidates only): "input-dtype-accumulator" keeps the output accumulator in the
-    input dtype between chunks; "frozen-max" sets the running max from the first chunk with a visible key
+    ``bug`` (known-bad candidates only): "input-dtype-accumulator" keeps the output accumulator and the
+    running sum in the input dtype between chunks; "frozen-max" sets the running max from the first chunk with a visible key
     and never raises it.
     """
     b, lq, hq, d = q.shape
@@ -186,14 +186,15 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = 
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
         alpha = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
         p = jnp.where(vis, jnp.exp(s - m_safe), 0.0)
-        l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
+        l = alpha * l.astype(jnp.float32) + jnp.sum(p, axis=-1, keepdims=True)
         acc = alpha * acc.astype(jnp.float32) + jnp.einsum("bhqk,bkhd->bhqd", p, vc.astype(jnp.float32),
                                                            precision=jax.lax.Precision.HIGHEST)
-        return (m_new, l, acc.astype(acc_dtype)), None
+        return (m_new, l.astype(acc_dtype), acc.astype(acc_dtype)), None
 
-    init = (jnp.full((b, hq, lq, 1), -jnp.inf, jnp.float32), jnp.zeros((b, hq, lq, 1), jnp.float32),
+    init = (jnp.full((b, hq, lq, 1), -jnp.inf, jnp.float32), jnp.zeros((b, hq, lq, 1), acc_dtype),
             jnp.zeros((b, hq, lq, d), acc_dtype))
     (_, l, acc), _ = jax.lax.scan(step, init, jnp.arange(0, lk + pad, chunk))
+    l = l.astype(jnp.float32)
     out = acc.astype(jnp.float32) / jnp.where(l > 0, l, 1.0)
     return jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
 
@@ -548,8 +549,8 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
          "128-key tile, like a double-buffer slot used as block index): exact while kv_len <= 256.",
          ("forward-accuracy",), _constant(_variant(key_tile_wrap=True))),
     _bad("input-dtype-accumulator", "Online softmax over 32-key blocks (a Triton-sized tile) whose output "
-         "accumulator is kept in the input dtype between blocks: one bfloat16 rounding per block, visible once "
-         "kv_len reaches thousands.", ("forward-accuracy", "padding-leak"),
+         "accumulator and running sum are kept in the input dtype between blocks: bfloat16 roundings pile up "
+         "once kv_len reaches thousands.", ("forward-accuracy", "padding-leak", "gradients"),
          _constant(_contract(functools.partial(_online_softmax, chunk=32, bug="input-dtype-accumulator")))),
     _bad("backward-ignores-scale", "Forward exact; the backward multiplies dQ and dK by head_dim**-0.5 "
          "instead of the given scale (exact whenever scale=None).", ("gradients", "scale"),
