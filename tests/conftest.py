@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grading import oracle, tolerance
-from kernel_src import reference_attention
+from grading import tolerance
+from grading.problems import Problem
 from kernel_src.backend import reset_tpu_interpret_state, tpu_interpret_params
 
 
@@ -53,37 +53,40 @@ def forward_and_grads(attention, q, k, v, do, **kwargs):
 
 
 def assert_accurate(results, q, k, v, do, *, causal=False, kv_lengths=None, scale=None,
-                    index=None, only=("out", "dq", "dk", "dv")) -> oracle.Truth:
-    """Judge a kernel's ``(out, dq, dk, dv)`` as the rubric does; return the float64 truth.
+                    index=None, only=("out", "dq", "dk", "dv")) -> Problem:
+    """Judge a kernel's ``(out, dq, dk, dv)`` exactly as the rubric does; return the problem.
 
-    Ground truth is ``grading.oracle.attention``; each tensor passes when its norm-wise and
-    worst-element errors are within ``grading.tolerance``'s bound set by ``reference_attention``'s
-    error on the same inputs (the cotangent ``do`` is rounded to the input dtype for both). Rows
-    that see no key must be exact zeros in the output and in dQ. ``index``: an optional
+    The inputs become a ``grading.problems.Problem`` (cotangent ``do`` rounded to the input dtype):
+    its float64 ``truth`` (``grading.oracle``), the reference's ``baseline`` on the same inputs, the
+    floor's ``logit_max`` and, for bf16 groups, the ``grouped_baseline`` of dK/dV; each tensor must
+    pass ``grading.tolerance.judge`` under them. Rows that see no key must be exact zeros in the
+    output and dQ, keys no query sees exact zeros in dK and dV. ``index``: an optional
     ``[batch, ...]`` slice to judge only part of each tensor named in ``only``.
     """
-    do = do.astype(q.dtype)
-    kw = dict(causal=causal, kv_lengths=kv_lengths, scale=scale)
-    truth = oracle.attention(q, k, v, do, **{**kw, "kv_lengths": None if kv_lengths is None
-                                             else np.asarray(kv_lengths)})
-    baseline = forward_and_grads(reference_attention, q, k, v, do, **kw)
     dtype = jnp.dtype(q.dtype).name
-    part = (lambda x: x) if index is None else (lambda x: np.asarray(x)[index])
-    for label, got, want, base in zip(("out", "dq", "dk", "dv"), results,
-                                      (truth.out, truth.dq, truth.dk, truth.dv), baseline):
+    problem = Problem("kernel", dtype, q, k, v, ct=do, causal=causal, scale=scale,
+                      kv_lengths=None if kv_lengths is None else np.asarray(kv_lengths))
+    truth = problem.truth
+    grouped = problem.grouped_baseline or (None, None)
+    part = (lambda x: x) if index is None else (lambda x: None if x is None else np.asarray(x)[index])
+    for label, got, want, base, alternative in zip(
+            ("out", "dq", "dk", "dv"), results, (truth.out, truth.dq, truth.dk, truth.dv),
+            problem.baseline, (None, None, *grouped)):
         if label not in only:
             continue
         assert got.dtype == q.dtype, f"{label} must be in the input dtype, got {got.dtype}"
         verdict = tolerance.judge(label, part(got), part(want), part(base), dtype,
-                                  gradient=label != "out", magnitude=part(truth.magnitude[label]))
+                                  gradient=label != "out", magnitude=part(truth.magnitude[label]),
+                                  alternative=part(alternative), logit_scale=problem.logit_max)
         assert verdict.ok, verdict.describe()
-    empty = ~truth.visible.any(axis=-1)
     if index is None:
-        for label, got in zip(("out", "dq"), results[:2]):
-            if label not in only:
-                continue
-            assert not np.any(np.asarray(got)[empty]), f"{label} of rows with no visible key"
-    return truth
+        empty_rows = ~truth.visible.any(axis=2)  # [batch, q_len]
+        unseen_keys = ~truth.visible.any(axis=1)  # [batch, kv_len]
+        for label, got, empty in zip(("out", "dq", "dk", "dv"), results,
+                                     (empty_rows, empty_rows, unseen_keys, unseen_keys)):
+            if label in only:
+                assert not np.any(np.asarray(got)[empty]), f"{label} must be exactly zero there"
+    return problem
 
 
 @pytest.fixture(name="forward_and_grads")
@@ -94,5 +97,5 @@ def _forward_and_grads_fixture():
 
 @pytest.fixture(name="assert_accurate")
 def _assert_accurate_fixture():
-    """``assert_accurate(results, q, k, v, do, *, causal, kv_lengths, scale, index) -> Truth``."""
+    """``assert_accurate(results, q, k, v, do, *, causal, kv_lengths, scale, index, only) -> Problem``."""
     return assert_accurate

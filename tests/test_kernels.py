@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from grading import oracle, tolerance
+from grading.problems import Problem
 from kernel_src import (SoftmaxBlockSizes, masked_softmax, pallas_attention, reference_attention,
                         reference_masked_softmax, registry)
 from kernel_src.backend import tpu_interpret_races_found
@@ -148,8 +149,8 @@ def test_bf16_inputs_keep_fp32_logits_and_reductions(attention_inputs):
     case = Case(1, 16, 256, 2, 2, 64)
     q, k, v, _ = _inputs(attention_inputs, case, dtype=jnp.bfloat16, seed=5)
     q = q * 16  # exact in bf16: logits of standard deviation 16
-    truth = oracle.attention(q, k, v)
-    reference = jax.jit(reference_attention)(q, k, v)
+    problem = Problem("sharp-bf16", "bfloat16", q, k, v)
+    truth, (reference,) = problem.truth, problem.baseline
     half_ulp = tolerance.EPS["bfloat16"] / 2
     assert tolerance.error(reference, truth.out, truth.magnitude["out"]).worst <= half_ulp
     lossy = _bf16_logits_attention(q, k, v, case.head_dim ** -0.5)
@@ -157,7 +158,7 @@ def test_bf16_inputs_keep_fp32_logits_and_reductions(attention_inputs):
 
     def judged(candidate):
         return tolerance.judge("out", candidate, truth.out, reference, "bfloat16", gradient=False,
-                               magnitude=truth.magnitude["out"])
+                               magnitude=truth.magnitude["out"], logit_scale=problem.logit_max)
 
     pallas = jax.jit(pallas_attention)(q, k, v)
     assert judged(pallas).ok, judged(pallas).describe()
@@ -193,15 +194,17 @@ def test_masked_softmax_matches_reference_and_oracle(shape, causal, lengths, dty
     exact_dlogits = exact * (g - (g * exact).sum(-1, keepdims=True))
     dlogits_terms = exact * (np.abs(g) + (np.abs(g) * exact).sum(-1, keepdims=True))
     name = jnp.dtype(dtype).name
+    visible = oracle.visible_keys(shape[0], shape[2], shape[3], causal,
+                                  None if lengths is None else np.asarray(lengths))[:, None]
+    logit_max = float(np.max(np.where(visible, np.abs(oracle.as_f64(logits)), 0.0)))
     for label, got, truth, baseline, magnitude in (
             ("probs", probs, exact, want, None),
             ("dlogits", dlogits, exact_dlogits, want_dlogits, dlogits_terms)):
         verdict = tolerance.judge(label, got, truth, baseline, name, gradient=label == "dlogits",
-                                  magnitude=magnitude)
+                                  magnitude=magnitude, logit_scale=logit_max)
         assert verdict.ok, verdict.describe()
 
-    seen = np.broadcast_to(oracle.visible_keys(shape[0], shape[2], shape[3], causal, None if lengths
-                                               is None else np.asarray(lengths))[:, None], shape)
+    seen = np.broadcast_to(visible, shape)
     probs, dlogits = np.asarray(probs), np.asarray(dlogits.astype(jnp.float32))
     assert (probs[~seen] == 0).all(), "masked keys must get exactly zero"
     has_keys = seen.any(-1)
