@@ -23,24 +23,13 @@ from typing import Any, Iterable, Mapping
 import jax
 import numpy as np
 
+from records.secrets import ALLOWED_NAMES, ALLOWED_PREFIXES, env_var_allowed, looks_secret  # noqa: F401
+
 BOOTSTRAP_ENV = "TPU_KERNEL_RECORDS_BOOTSTRAP"
 """Path of a JSON list of version attempts (written by the Kaggle runner) for ``bootstrap``."""
 
-ALLOWED_NAMES = frozenset({
-    "XLA_FLAGS", "LIBTPU_INIT_ARGS", "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES",
-    "OMP_NUM_THREADS", "OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE", "PJRT_DEVICE", BOOTSTRAP_ENV,
-})
-ALLOWED_PREFIXES = ("JAX_", "TPU_", "XLA_PYTHON_CLIENT_", "NCCL_", "KAGGLE_KERNEL_RUN_TYPE")
-SECRET_MARKERS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "COOKIE",
-                  "PRIVATE")
 MIN_SECRET_LENGTH = 8
 KERNEL_SRC = Path(__file__).resolve().parent.parent / "kernel_src"
-
-
-def looks_secret(name: str) -> bool:
-    """Whether an environment variable's name suggests a credential (checked case-insensitively)."""
-    upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
 
 
 def allowed_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]:
@@ -52,7 +41,7 @@ def allowed_env_vars(environ: Mapping[str, str] | None = None) -> dict[str, str]
     secrets = secret_values(environ)
     picked = {}
     for name in sorted(environ):
-        if looks_secret(name) or not (name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)):
+        if not env_var_allowed(name):
             continue
         value = environ[name]
         if not any(secret in value for secret in secrets):
