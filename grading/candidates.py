@@ -162,11 +162,15 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = 
     lk, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if scale is None else scale
     pad = -lk % chunk
+    dtype = q.dtype
+    acc_dtype = dtype if bug == "input-dtype-accumulator" else jnp.float32
+    # fp32 copies (exact): autodiff through the scan then sums dQ (and dK, dV over the group) in fp32, not
+    # per chunk in the input dtype, which the contract does not allow.
+    q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
     k = jnp.pad(jnp.repeat(k, hq // hk, axis=2), ((0, 0), (0, pad), (0, 0), (0, 0)))
     v = jnp.pad(jnp.repeat(v, hq // hk, axis=2), ((0, 0), (0, pad), (0, 0), (0, 0)))
     lengths = jnp.full((b,), lk) if kv_lengths is None else kv_lengths
     i = jnp.arange(lq)[:, None]
-    acc_dtype = q.dtype if bug == "input-dtype-accumulator" else jnp.float32
 
     def step(carry, start):
         m, l, acc = carry
@@ -196,7 +200,7 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = 
     (_, l, acc), _ = jax.lax.scan(step, init, jnp.arange(0, lk + pad, chunk))
     l = l.astype(jnp.float32)
     out = acc.astype(jnp.float32) / jnp.where(l > 0, l, 1.0)
-    return jnp.transpose(out, (0, 2, 1, 3)).astype(q.dtype)
+    return jnp.transpose(out, (0, 2, 1, 3)).astype(dtype)
 
 
 def _split_kv_without_maxima(q, k, v, kv_lengths, *, causal, scale, split=512):
