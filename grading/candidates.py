@@ -528,7 +528,7 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
     _bad("no-max-subtraction", "Softmax without subtracting the row max: exp overflows to inf on large "
          "logits (NaN output).", ("large-logits", "peaky-attention"), _constant(_variant(no_max=True))),
     _bad("wrong-default-scale", "scale=None defaults to 1/head_dim instead of head_dim**-0.5.",
-         ("scale",), _constant(_variant(default_scale=lambda d: 1.0 / d))),
+         ("forward-accuracy", "scale"), _constant(_variant(default_scale=lambda d: 1.0 / d))),
     _bad("stop-gradient-k", "K enters the logits through stop_gradient: dK is zero, forward is exact.",
          ("gradients",), _constant(_variant(stop_grad_k=True))),
     _bad("ones-cotangent", "Custom backward that replaces the cotangent by its mean over head_dim: exact "
