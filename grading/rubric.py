@@ -64,6 +64,7 @@ class Scorecard:
     checks: list[CheckResult]
     error: str | None = None
     seed: int = 0
+    level: str = "full"  # which problem set graded it: "full" or "quick" (grading.problems)
     verdicts: dict = field(default_factory=dict, repr=False)  # check name -> tolerance verdicts (for power)
 
     @property
@@ -85,7 +86,8 @@ class Scorecard:
     def to_dict(self) -> dict:
         """The ``$defs/scorecard`` object of ``records/schemas/correctness.schema.json``."""
         return {"candidate": self.candidate, "kind": self.kind, "passed": self.passed, "score": self.score,
-                "max_score": self.max_score, "error": self.error, "checks": [c.to_dict() for c in self.checks]}
+                "max_score": self.max_score, "error": self.error, "level": self.level,
+                "checks": [c.to_dict() for c in self.checks]}
 
 
 def _all_failed(reason: str) -> list[CheckResult]:
@@ -124,7 +126,8 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
             runner.new_scorecard()
             error = None if runner.alive else runner.start()
             if error is not None:
-                cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed))
+                cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed,
+                                       level=level))
                 continue
             cards.append(_run_checks(runner, cand, seed, level))
     finally:
@@ -148,7 +151,7 @@ def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str) -> Score
                                    float(spec.points), outcome.detail, outcome.error, outcome.tolerance,
                                    outcome.baseline_error))
     results.append(_finite(runner))
-    return Scorecard(cand.name, cand.kind, results, seed=seed, verdicts=verdicts)
+    return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts)
 
 
 def _finite(runner: C.Runner) -> CheckResult:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import jax
+from tqdm.auto import tqdm
 
 from measure import environment
 from records import rawio
@@ -56,9 +57,11 @@ def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
 
 
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
-          known_bad: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Scorecards of ``kernels`` and of the known-bad candidates (default: every built-in one),
-    graded in this process on its default device.
+          known_bad: Sequence[str] | None = None, kernel_level: str = "full") -> list[dict[str, Any]]:
+    """Scorecards of ``kernels`` at the full level and of the known-bad candidates (default: every
+    built-in one) at the quick level, each candidate in its own worker process; every scorecard says
+    its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
+    kernels' verdict is the one that counts, so it gets the model-sized problems.
 
     If the rubric itself cannot run, each kernel gets a failed scorecard naming the error, so the
     run is still written and honestly rejected by the builder.
@@ -69,7 +72,9 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
         if known_bad is None:
             known_bad = [name for name, c in candidates.BUILTIN.items() if c.kind == "known-bad"]
         names = list(dict.fromkeys([*kernels, *known_bad]))
-        return [card.to_dict() for card in rubric.grade_all(names, seed=seed, progress=progress)]
+        levels = {name: kernel_level if name in kernels else "quick" for name in names}
+        return [rubric.grade(name, seed=seed, level=levels[name]).to_dict()
+                for name in tqdm(names, desc="rubric", unit="candidate", disable=not progress)]
     except Exception as error:  # noqa: BLE001 - recorded in the run, which the builder then rejects
         return [_failed_scorecard(name, error) for name in kernels]
 

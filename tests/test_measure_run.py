@@ -33,7 +33,7 @@ def _stub_scorecards(kernels, *, seed, progress):
 def _quick_real_grade(kernels, *, seed, progress):
     """The real rubric on cheap candidates: grading Pallas in interpret mode takes minutes on this
     CPU, too long for a unit test. The candidate choice itself is tested on its own below."""
-    return REAL_GRADE(["reference"], seed=seed, progress=progress, known_bad=["zeros"])
+    return REAL_GRADE(["reference"], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick")
 
 
 @pytest.fixture(scope="module")
@@ -291,3 +291,18 @@ def test_power_seeds_fill_the_optional_power_summary(tmp_path, replay, monkeypat
     monkeypatch.setattr(power, "measure_power", lambda *, seeds, progress: calls.append(seeds) or summary)
     folder = run_module.run_measure(tmp_path / "p", profile="tiny", power_seeds=3, progress=False)
     assert calls == [3] and rawio.read_run(folder)["correctness"]["power"] == summary
+
+
+def test_measured_kernels_are_graded_at_the_full_level_and_known_bad_at_quick(monkeypatch):
+    from grading import rubric
+
+    asked = {}
+
+    def fake_grade(name, *, seed, level):
+        asked[name] = level
+        return rubric.Scorecard(name, "kernel", [], seed=seed, level=level)
+
+    monkeypatch.setattr(rubric, "grade", fake_grade)
+    cards = run_module.grade(["pallas"], seed=3, progress=False, known_bad=["zeros", "ignores-causal"])
+    assert asked == {"pallas": "full", "zeros": "quick", "ignores-causal": "quick"}
+    assert [c["level"] for c in cards] == ["full", "quick", "quick"]
