@@ -23,7 +23,8 @@ from typing import Any, Iterable, Mapping
 import jax
 import numpy as np
 
-from records.secrets import ALLOWED_NAMES, ALLOWED_PREFIXES, env_var_allowed, looks_secret  # noqa: F401
+from records.secrets import (ALLOWED_NAMES, ALLOWED_PREFIXES, SECRET_MARKERS, env_var_allowed,  # noqa: F401
+                             looks_secret)
 
 BOOTSTRAP_ENV = "TPU_KERNEL_RECORDS_BOOTSTRAP"
 """Path of a JSON list of version attempts (written by the Kaggle runner) for ``bootstrap``."""
