@@ -361,8 +361,10 @@ reference = _contract(_reference_fn)
 rubric's baseline (one compiled executable serves both)."""
 
 
-def _ones_cotangent() -> Attention:
-    """Runs eagerly around the shared ``reference`` executable, so it costs no compile of its own."""
+def _reference_with_backward(backward: Callable) -> Attention:
+    """``reference`` forward with a custom backward ``backward(pull, g, q, scale) -> (dq, dk, dv)``, where
+    ``pull`` is the reference's own VJP. Runs eagerly around the shared ``reference`` executable, so it
+    costs no compile of its own."""
     def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
         call = functools.partial(reference, causal=causal, kv_lengths=kv_lengths, scale=scale)
 
@@ -374,8 +376,7 @@ def _ones_cotangent() -> Attention:
             return call(q, k, v), (q, k, v)
 
         def bwd(residuals, g):
-            g = jnp.broadcast_to(jnp.mean(g.astype(jnp.float32), axis=-1, keepdims=True), g.shape)
-            return jax.vjp(call, *residuals)[1](g.astype(residuals[0].dtype))
+            return backward(jax.vjp(call, *residuals)[1], g, residuals[0], scale)
 
         attn.defvjp(fwd, bwd)
         return attn(q, k, v)
@@ -383,56 +384,36 @@ def _ones_cotangent() -> Attention:
     return attention
 
 
-def _memoizing() -> Attention:
-    cache: dict = {}
-
-    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-        key = (q.shape, k.shape, str(q.dtype), bool(causal), kv_lengths is None, scale)
-        if key in cache:
-            return cache[key]
-        out = reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
-        if not isinstance(out, jax.core.Tracer):
-            cache[key] = out
-        return out
-
-    return attention
-
-
-def _memoizing_large() -> Attention:
-    cache: dict = {}
-
-    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-        key = (q.shape, k.shape, str(q.dtype), bool(causal), kv_lengths is None, scale)
-        if k.shape[1] >= 1024 and key in cache:
-            return cache[key]
-        out = reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
-        if k.shape[1] >= 1024 and not isinstance(out, jax.core.Tracer):
-            cache[key] = out
-        return out
-
-    return attention
+def _ones_cotangent() -> Attention:
+    """Replaces the cotangent by its mean over head_dim before the reference's backward."""
+    def backward(pull, g, q, scale):
+        g = jnp.broadcast_to(jnp.mean(g.astype(jnp.float32), axis=-1, keepdims=True), g.shape)
+        return pull(g.astype(q.dtype))
+    return _reference_with_backward(backward)
 
 
 def _backward_ignores_scale() -> Attention:
-    """Runs eagerly around the shared ``reference`` executable: dQ and dK carry head_dim**-0.5 instead of
-    the given scale (exact when scale=None)."""
-    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-        call = functools.partial(reference, causal=causal, kv_lengths=kv_lengths, scale=scale)
+    """dQ and dK carry head_dim**-0.5 instead of the given scale (exact when scale=None)."""
+    def backward(pull, g, q, scale):
         wrong = 1.0 if scale is None else q.shape[-1] ** -0.5 / scale
+        dq, dk, dv = pull(g)
+        return (dq * wrong).astype(dq.dtype), (dk * wrong).astype(dk.dtype), dv
+    return _reference_with_backward(backward)
 
-        @jax.custom_vjp
-        def attn(q, k, v):
-            return call(q, k, v)
 
-        def fwd(q, k, v):
-            return call(q, k, v), (q, k, v)
+def _memoizing(min_kv_len: int = 0) -> Attention:
+    """Returns the first output it computed for the same shapes and flags (only where kv_len >= min_kv_len)."""
+    cache: dict = {}
 
-        def bwd(residuals, g):
-            dq, dk, dv = jax.vjp(call, *residuals)[1](g)
-            return (dq * wrong).astype(dq.dtype), (dk * wrong).astype(dk.dtype), dv
-
-        attn.defvjp(fwd, bwd)
-        return attn(q, k, v)
+    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+        key = (q.shape, k.shape, str(q.dtype), bool(causal), kv_lengths is None, scale)
+        remembers = k.shape[1] >= min_kv_len
+        if remembers and key in cache:
+            return cache[key]
+        out = reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+        if remembers and not isinstance(out, jax.core.Tracer):
+            cache[key] = out
+        return out
 
     return attention
 
@@ -465,17 +446,21 @@ def _kernel(find: Callable[[], Attention]) -> Callable[[], Attention]:
     """
     @functools.cache  # one jitted wrapper per process, so later grades reuse its executables
     def load() -> Attention:
-        fn = find()
-        jitted = jax.jit(fn, static_argnames=("causal", "scale"))
-
-        @functools.wraps(fn)
-        def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-            return jitted(q, k, v, causal=bool(causal), kv_lengths=kv_lengths,
-                          scale=None if scale is None else float(scale))
-
-        return attention
+        return jit_contract(find())
 
     return load
+
+
+def jit_contract(fn: Attention) -> Attention:
+    """``fn`` under ``jax.jit`` with static ``causal`` and ``scale``, called with the contract's signature."""
+    jitted = jax.jit(fn, static_argnames=("causal", "scale"))
+
+    @functools.wraps(fn)
+    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+        return jitted(q, k, v, causal=bool(causal), kv_lengths=kv_lengths,
+                      scale=None if scale is None else float(scale))
+
+    return attention
 
 
 def _constant(fn):
@@ -571,7 +556,7 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
          ("large-logits",), _constant(_contract(_split_kv_without_maxima))),
     _bad("memoizing-large", "Caches outputs by shape and flags once kv_len >= 1024 (like an autotuning "
          "cache that also keeps results): right on the first call of each large shape only.",
-         ("forward-accuracy", "large-logits", "gradients"), _memoizing_large),
+         ("forward-accuracy", "large-logits", "gradients"), functools.partial(_memoizing, 1024)),
     _bad("wrong-dtype", "Returns float32 for bfloat16 inputs (accurate, but breaks the output dtype rule).",
          ("output-shape-dtype",), _constant(_wrong_dtype)),
 ]}

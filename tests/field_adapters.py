@@ -13,28 +13,14 @@ run in its worker process.
 
 from __future__ import annotations
 
-import functools
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
+from grading.candidates import jit_contract
 from kernel_src.contract import visibility_mask
 from kernel_src.reference import reference_attention
 from kernel_src.sharded import attention_mesh, sharded_attention
-
-
-def _jitted(fn):
-    """``fn`` under ``jax.jit`` with static ``causal`` and ``scale`` (as a model calls it; the rubric calls
-    external candidates as they are, so without this every call would be traced again)."""
-    jitted = jax.jit(fn, static_argnames=("causal", "scale"))
-
-    @functools.wraps(fn)
-    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-        return jitted(q, k, v, causal=bool(causal), kv_lengths=kv_lengths,
-                      scale=None if scale is None else float(scale))
-
-    return attention
 
 
 def _visible(q_len: int, kv_len: int, batch: int, causal: bool, kv_lengths) -> jax.Array:
@@ -62,7 +48,7 @@ def _mesh(batch: int, num_kv_heads: int):
     raise ValueError("no device count divides the problem")
 
 
-@_jitted
+@jit_contract
 def sharded_reference(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     """``kernel_src.sharded.sharded_attention`` of the reference, on every host device that divides the problem."""
     mesh = _mesh(q.shape[0], k.shape[2])
@@ -78,7 +64,7 @@ def ignores_scale(q, k, v, *, causal=False, kv_lengths=None, scale=None):
 # --------------------------------------------------------------------------------------------------
 # jax.nn.dot_product_attention, XLA implementation: same layout, native grouped heads.
 
-@_jitted
+@jit_contract
 def xla_dot_product_attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     batch, q_len = q.shape[:2]
     visible = _visible(q_len, k.shape[1], batch, causal, kv_lengths)
@@ -108,7 +94,7 @@ def _pad(x: jax.Array, axis: int, front: int = 0, multiple: int = 1) -> jax.Arra
 LANES = 128  # the TPU kernels' blocks are whole 128-lane tiles; the padding is masked or dropped
 
 
-@_jitted
+@jit_contract
 def pallas_tpu_flash(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     """``pallas.ops.tpu.flash_attention``: head-major layout, K/V heads repeated over their query group
     (it has no grouped heads), padding keys as segment 0. Its causal mask is top-left, so the shorter
@@ -139,7 +125,7 @@ def pallas_tpu_flash(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     return _zero_empty_rows(out, visible)
 
 
-@_jitted
+@jit_contract
 def pallas_tpu_splash(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     """``pallas.ops.tpu.splash_attention`` (interpret=True): its own bottom-right causal mask
     (``CausalMask`` with offset kv_len - q_len), padding keys as segment 0, native grouped heads (the
