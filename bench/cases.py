@@ -15,6 +15,13 @@ paired with the scope's reference (``xla``), and every kernel with every vendor 
   same function.
 * ``sharded``: ``sharded_attention`` of the profile's kernel, the same global problem on 1 device
   and on all devices (scaling efficiency ``t1 / (n * tn)`` goes into the pair).
+* ``model-fwd`` and ``model-fwd-bwd``: what the ``flash`` scope measures, at the sizes models run
+  (``ModelShapes``: batch 8, 32 query / 8 kv heads and 16 / 16, head_dim 128, seq 2048 to 16384,
+  causal, no padding), the forward alone and the forward with its VJP as one program
+  ``(q, k, v, d_out) -> (dq, dk, dv)``. Achieved TFLOP/s count the useful FLOPs only
+  (``bench.roofline``: causal counts about half, the backward 2.5 times the forward). The XLA
+  reference joins only where its fp32 logits fit (``ModelShapes.xla_max_logit_bytes``). Only in
+  the ``tpu-v5e`` and ``gpu`` profiles, and refused on a CPU (interpret mode would take hours).
 
 Every case of a scope and sequence length gets the same inputs (drawn from ``seed``).
 """
@@ -33,8 +40,41 @@ from bench import roofline
 from kernel_src import registry
 from kernel_src.registry import IMPLEMENTATIONS, Implementation
 
-SCOPES = ("softmax", "attention", "flash", "sharded")
+MODEL_SCOPES = ("model-fwd", "model-fwd-bwd")
+SCOPES = ("softmax", "attention", "flash", "sharded") + MODEL_SCOPES
 PUBLISHED_SEQ_LENS = (128, 256, 512, 1024, 2048)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShapes:
+    """The model-sized cases of the ``model-*`` scopes (causal, unpadded, the profile's dtype).
+
+    Attributes:
+      batch: sequences per call.
+      heads: ``(num_q_heads, num_kv_heads)`` pairs: grouped-query (32 / 8) and multi-head (16 / 16).
+      head_dim: per head.
+      seq_lens: ``q_len == kv_len``.
+      xla_max_logit_bytes: the XLA reference (fp32 logits ``[batch, q_heads, seq, seq]`` in HBM)
+        is measured where its logits' bytes, doubled for ``model-fwd-bwd``, stay within this. At
+        8 GiB it fits a v5e's 16 GB HBM: compiled for v5e with libtpu (predicted, not measured),
+        the reference at batch 8, 16 / 16 heads, seq 4096 needs 8.7 GB of temporaries forward and
+        17.0 GB (over v5e's 15.75 GB) forward + backward; at 32 / 8 heads, seq 2048, 4.4 and
+        8.7 GB.
+    """
+
+    batch: int = 8
+    heads: tuple[tuple[int, int], ...] = ((32, 8), (16, 16))
+    head_dim: int = 128
+    seq_lens: tuple[int, ...] = (2048, 4096, 8192, 16384)
+    xla_max_logit_bytes: int = 8 * 2 ** 30
+
+    def xla_fits(self, scope: str, num_q_heads: int, seq: int) -> bool:
+        """Whether the XLA reference is measured in ``scope`` at ``num_q_heads`` and ``seq``."""
+        passes = 2 if scope == "model-fwd-bwd" else 1
+        return passes * 4 * self.batch * num_q_heads * seq * seq <= self.xla_max_logit_bytes
+
+
+MODEL_SHAPES = ModelShapes()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -49,6 +89,7 @@ class Profile:
       sharded_kernel: the contract kernel the ``sharded`` scope shards (``flash``, ``pallas`` or
         ``xla``).
       export_tpu: on a CPU, also export the Pallas cases' StableHLO for TPU.
+      model: the shapes of the ``model-*`` scopes; ``None`` where the profile has none.
     """
 
     name: str
@@ -67,6 +108,7 @@ class Profile:
     samples: int = 20
     sharded_kernel: str = "flash"
     export_tpu: bool = True
+    model: ModelShapes | None = None
 
     def batch_for(self, scope: str, seq: int) -> int:
         if self.max_tokens is None or scope == "sharded":
@@ -83,9 +125,9 @@ PROFILES: dict[str, Profile] = {
         Profile("cpu", batch=1, head_dim=64),
         Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=3, export_tpu=True),
         Profile("tpu-v5e", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
-                scopes=SCOPES),
+                scopes=SCOPES, model=MODEL_SHAPES),
         Profile("gpu", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
-                scopes=SCOPES),
+                scopes=SCOPES, model=MODEL_SHAPES),
     )
 }
 
@@ -188,6 +230,8 @@ def _implementations(scope: str, platform: str, profile: Profile) -> list[str]:
         return [f"{kernel}@1"] + ([f"{kernel}@{n}"] if n > 1 else [])
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}; choose from {SCOPES}")
+    if scope in MODEL_SCOPES:  # the flash scope's implementations, at model sizes
+        scope = "flash"
     return [impl.name for impl in registry.for_scope(scope, platform)]
 
 
@@ -198,8 +242,9 @@ def _pairs(scope: str, seq: int, ids: dict[str, str]) -> list[Pair]:
         return [Pair(scope, seq, ids[impl], ids[one], devices=int(impl.split("@")[1]))
                 for impl in many]
     kinds = {name: IMPLEMENTATIONS[name].kind for name in ids}
-    reference = next(name for name, kind in kinds.items() if kind == "reference")
-    pairs = [Pair(scope, seq, ids[name], ids[reference]) for name in ids if name != reference]
+    reference = next((name for name, kind in kinds.items() if kind == "reference"), None)
+    pairs = [Pair(scope, seq, ids[name], ids[reference]) for name in ids
+             if reference is not None and name != reference]
     return pairs + [Pair(scope, seq, ids[kernel], ids[vendor])
                     for kernel in ids if kinds[kernel] == "kernel"
                     for vendor in ids if kinds[vendor] == "vendor"]
@@ -219,6 +264,10 @@ def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
     dtype = jnp.dtype(profile.dtype)
     cases, pairs = [], []
     for scope in scopes:
+        if scope in MODEL_SCOPES:
+            model_cases, model_pairs = _model_cases(profile, scope, seed, platform)
+            cases, pairs = cases + model_cases, pairs + model_pairs
+            continue
         for seq in profile.seq_lens_for(scope):
             batch = profile.batch_for(scope, seq)
             ids = {}
@@ -281,6 +330,69 @@ def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: 
                 interpret=interpret, fn=fn, abstract_args=abstract, make_inputs=make_inputs,
                 flops=flops, bytes_moved=nbytes, tpu_fn=fn if export else None,
                 mesh_devices=int(devices) if devices else None)
+
+
+def _model_cases(profile: Profile, scope: str, seed: int, platform: str
+                 ) -> tuple[list[Case], list[Pair]]:
+    """Every case and pair of a ``model-*`` scope: per heads pair and sequence, each of the flash
+    scope's implementations (the XLA reference only where ``ModelShapes.xla_fits``)."""
+    model = profile.model
+    if model is None:
+        raise ValueError(f"profile {profile.name!r} has no model-sized cases (scope {scope!r}); "
+                         f"use tpu-v5e or gpu")
+    if platform == "cpu":
+        raise ValueError(f"scope {scope!r} runs model-sized problems: it needs a TPU or a GPU "
+                         f"(Pallas in interpret mode on a CPU would take hours)")
+    cases, pairs = [], []
+    for hq, hk in model.heads:
+        for seq in model.seq_lens:
+            ids = {}
+            for impl in _implementations(scope, platform, profile):
+                if IMPLEMENTATIONS[impl].kind == "reference" and not model.xla_fits(scope, hq, seq):
+                    continue
+                case = _model_case(profile, scope, impl, seq, hq, hk, seed)
+                ids[impl] = case.case_id
+                cases.append(case)
+            pairs += _pairs(scope, seq, ids)
+    return cases, pairs
+
+
+def _model_case(profile: Profile, scope: str, impl: str, seq: int, hq: int, hk: int,
+                seed: int) -> Case:
+    """One model-sized case: causal, unpadded; ``model-fwd-bwd`` also takes the output's
+    cotangent and returns ``(dq, dk, dv)``."""
+    model, dtype, backward = profile.model, jnp.dtype(profile.dtype), scope == "model-fwd-bwd"
+    batch, d = model.batch, model.head_dim
+    q_spec = jax.ShapeDtypeStruct((batch, seq, hq, d), dtype)
+    kv_spec = jax.ShapeDtypeStruct((batch, seq, hk, d), dtype)
+    abstract = (q_spec, kv_spec, kv_spec) + ((q_spec,) if backward else ())
+    flops, nbytes = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize, True, None,
+                                            backward=backward)
+    implementation, scale = _registered(impl), d ** -0.5
+
+    def program():
+        kernel = implementation.load()
+
+        def forward(q, k, v):
+            return kernel(q, k, v, causal=True, scale=scale)
+        if not backward:
+            return forward
+
+        def forward_backward(q, k, v, d_out):
+            _, pullback = jax.vjp(forward, q, k, v)
+            return pullback(d_out)
+        return forward_backward
+
+    def make_inputs():
+        rng = _rng(seed, f"{scope}-h{hq}x{hk}", seq)
+        return [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype) for a in abstract]
+
+    return Case(case_id=f"{scope}-{impl}-h{hq}x{hk}-s{seq}", scope=scope, implementation=impl,
+                seq_len=seq, shape=dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq,
+                                        num_kv_heads=hk, head_dim=d),
+                dtype=dtype.name, causal=True, padded=False, interpret=False,
+                fn=_LazyFn(program), abstract_args=abstract, make_inputs=make_inputs,
+                flops=flops, bytes_moved=nbytes)
 
 
 class _LazyFn:

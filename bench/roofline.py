@@ -5,10 +5,16 @@ Conventions (the same for every implementation of a case, so rates compare like 
 * Attention FLOPs count the useful work only: ``4 * num_q_heads * head_dim`` per *visible*
   (query, key) pair, i.e. 2 FLOPs per multiply-add for Q·Kᵀ and again for P·V. Causal and padded
   pairs are not counted even when an implementation computes them (the XLA reference does).
+* Forward + backward (the ``model-fwd-bwd`` scope): ``3.5`` times the forward FLOPs, the
+  convention of the FlashAttention papers: the backward's useful work is five matmuls per visible
+  pair (S = Q·Kᵀ recomputed, dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q) against the forward's
+  two, so 2.5 times the forward. Causal attention counts about half of the dense pairs
+  (``s * (s + 1) / 2`` of ``s**2``), in both passes.
 * Softmax FLOPs: ``5`` per logit element (max, subtract, exp, sum, divide), over every element,
   masked or not, since each must be read and written.
 * Minimum bytes: every input read once and every output written once, at their dtypes
-  (attention: q, k, v, kv_lengths in, out in the input dtype; softmax: logits and kv_lengths in,
+  (attention: q, k, v, kv_lengths in, out in the input dtype; forward + backward: q, k, v,
+  kv_lengths and the output cotangent in, dq, dk, dv out; softmax: logits and kv_lengths in,
   fp32 probabilities out). Intermediates that a fused kernel never writes are not counted.
 
 Peaks (dense, per device; ``None`` for a device the table does not know):
@@ -67,15 +73,25 @@ def visible_pairs(q_len: int, kv_len: int, causal: bool, kv_lengths: np.ndarray 
     return total
 
 
+BACKWARD_FLOPS_PER_FORWARD = 2.5  # five matmuls per visible pair against the forward's two
+
+
 def attention_work(batch: int, q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int,
                    head_dim: int, itemsize: int, causal: bool,
-                   kv_lengths: np.ndarray | None) -> tuple[float, float]:
-    """``(flops, min_bytes)`` of grouped-query attention under the conventions above."""
+                   kv_lengths: np.ndarray | None, backward: bool = False) -> tuple[float, float]:
+    """``(flops, min_bytes)`` of grouped-query attention under the conventions above.
+
+    ``backward=False``: the forward ``(q, k, v, kv_lengths) -> out``. ``backward=True``: the
+    forward and its VJP as one program ``(q, k, v, kv_lengths, d_out) -> (dq, dk, dv)``,
+    ``1 + BACKWARD_FLOPS_PER_FORWARD`` times the forward's FLOPs.
+    """
     flops = 4.0 * num_q_heads * head_dim * visible_pairs(q_len, kv_len, causal, kv_lengths, batch)
-    q_and_out = 2 * batch * q_len * num_q_heads * head_dim
-    k_and_v = 2 * batch * kv_len * num_kv_heads * head_dim
+    q_sized = (3 if backward else 2) * batch * q_len * num_q_heads * head_dim  # q, out | q, d_out, dq
+    kv_sized = (4 if backward else 2) * batch * kv_len * num_kv_heads * head_dim  # k, v (, dk, dv)
     lengths = 0 if kv_lengths is None else 4 * batch
-    return flops, float((q_and_out + k_and_v) * itemsize + lengths)
+    if backward:
+        flops *= 1.0 + BACKWARD_FLOPS_PER_FORWARD
+    return flops, float((q_sized + kv_sized) * itemsize + lengths)
 
 
 def softmax_work(batch: int, heads: int, q_len: int, kv_len: int, itemsize: int,
