@@ -71,33 +71,46 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
     vis = visible_keys(batch, q_len, kv_len, causal, lengths)
     mask = vis[:, None, None]  # [b, 1, 1, q, k]
 
-    qg = q.reshape(batch, q_len, hk, group, d)
-    s = np.einsum("bqhgd,bkhd->bhgqk", qg, k) * scale
+    # Head-major views for batched matmuls (BLAS): queries [b, hk, g, q, d], keys/values [b, hk, 1, k, d].
+    qg = q.reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
+    kh, vh = (x.transpose(0, 2, 1, 3)[:, :, None] for x in (k, v))
+    s = (qg @ kh.swapaxes(-1, -2)) * scale  # [b, hk, g, q, k]
     s = np.where(mask, s, -np.inf)
     row_max = s.max(axis=-1, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     e = np.where(mask, np.exp(s - row_max), 0.0)
     denom = e.sum(axis=-1, keepdims=True)
     p = e / np.where(denom > 0, denom, 1.0)
-    out = np.einsum("bhgqk,bkhd->bqhgd", p, v).reshape(q.shape)
+    out = _token_major(p @ vh, q.shape)
     probs = p.reshape(batch, hq, q_len, kv_len)
-    mag = {"out": np.einsum("bhgqk,bkhd->bqhgd", p, np.abs(v)).reshape(q.shape)}
+    mag = {"out": _token_major(p @ np.abs(vh), q.shape)}
     if ct is None:
         return Truth(out, None, None, None, vis, probs, mag)
 
-    do = as_f64(ct).reshape(batch, q_len, hk, group, d)
-    dv = np.einsum("bhgqk,bqhgd->bkhd", p, do)
-    dp = np.einsum("bqhgd,bkhd->bhgqk", do, v)
+    do = as_f64(ct).reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
+    pt = p.swapaxes(-1, -2)  # [b, hk, g, k, q]
+    dv = _kv_major(pt @ do)
+    dp = do @ vh.swapaxes(-1, -2)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
-    dq = (np.einsum("bhgqk,bkhd->bqhgd", ds, k) * scale).reshape(q.shape)
-    dk = np.einsum("bhgqk,bqhgd->bkhd", ds, qg) * scale
+    dq = _token_major(ds @ kh, q.shape) * scale
+    dk = _kv_major(ds.swapaxes(-1, -2) @ qg) * scale
 
-    dp_mag = np.einsum("bqhgd,bkhd->bhgqk", np.abs(do), np.abs(v))
+    dp_mag = np.abs(do) @ np.abs(vh).swapaxes(-1, -2)
     ds_mag = p * (dp_mag + (dp_mag * p).sum(axis=-1, keepdims=True))
-    mag["dv"] = np.einsum("bhgqk,bqhgd->bkhd", p, np.abs(do))
-    mag["dq"] = (np.einsum("bhgqk,bkhd->bqhgd", ds_mag, np.abs(k)) * scale).reshape(q.shape)
-    mag["dk"] = np.einsum("bhgqk,bqhgd->bkhd", ds_mag, np.abs(qg)) * scale
+    mag["dv"] = _kv_major(pt @ np.abs(do))
+    mag["dq"] = _token_major(ds_mag @ np.abs(kh), q.shape) * scale
+    mag["dk"] = _kv_major(ds_mag.swapaxes(-1, -2) @ np.abs(qg)) * scale
     return Truth(out, dq, dk, dv, vis, probs, mag)
+
+
+def _token_major(x: np.ndarray, shape) -> np.ndarray:
+    """``[b, hk, g, q, d]`` as the contract's ``[b, q, hk * g, d]``."""
+    return x.transpose(0, 3, 1, 2, 4).reshape(shape)
+
+
+def _kv_major(x: np.ndarray) -> np.ndarray:
+    """``[b, hk, g, k, d]`` summed over the group, as the contract's ``[b, k, hk, d]``."""
+    return x.sum(axis=2).transpose(0, 2, 1, 3)
 
 
 def per_head_outputs(q, k, v, *, causal: bool = False, kv_lengths=None,

@@ -141,11 +141,18 @@ class Problem:
 
     @functools.cached_property
     def baseline(self) -> tuple[np.ndarray, ...]:
-        """The reference's ``(out,)`` or ``(out, dq, dk, dv)`` when ``ct`` is set."""
-        if self.ct is None:
-            return (np.asarray(reference(self.q, self.k, self.v, **self.kwargs)),)
-        out, pull = jax.vjp(lambda q, k, v: reference(q, k, v, **self.kwargs), self.q, self.k, self.v)
-        return tuple(np.asarray(x) for x in (out, *pull(self.ct)))
+        """The reference's ``(out,)`` or ``(out, dq, dk, dv)`` when ``ct`` is set.
+
+        Both come from one compiled program per shape and flags (forward and backward; a forward-only
+        problem runs it under a zero cotangent), so a slot drawn with and without gradients compiles once."""
+        ct = np.zeros(self.q.shape, self.q.dtype) if self.ct is None else self.ct
+        result = _reference_vjp(self.q, self.k, self.v, ct, self.kv_lengths, causal=self.causal, scale=self.scale)
+        return tuple(np.asarray(x) for x in (result[:1] if self.ct is None else result))
+
+    def prepare(self) -> None:
+        """Compute what judging this problem needs (truth, baselines, largest logit) now; the rubric calls
+        it while the candidate's worker computes, so the two overlap."""
+        self.truth, self.baseline, self.logit_max, self.grouped_baseline  # noqa: B018  (cached properties)
 
     @functools.cached_property
     def logit_max(self) -> float:
@@ -170,14 +177,21 @@ class Problem:
             return None
         g = self.group
         k, v = jnp.repeat(self.k, g, axis=2), jnp.repeat(self.v, g, axis=2)
-        _, pull = jax.vjp(lambda q, k, v: reference(q, k, v, **self.kwargs), self.q, k, v)
-        _, dk, dv = pull(self.ct)
+        _, _, dk, dv = _reference_vjp(self.q, k, v, self.ct, self.kv_lengths, causal=self.causal, scale=self.scale)
         b, lk, hq, d = dk.shape
 
         def fold(x):
             return np.asarray(x).astype(np.float32).reshape(b, lk, hq // g, g, d).sum(axis=3).astype(
                 np.asarray(self.k).dtype)
         return fold(dk), fold(dv)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale"))
+def _reference_vjp(q, k, v, ct, kv_lengths, *, causal: bool, scale: float | None):
+    """The reference's output and its gradients under ``ct``, compiled as one program per shape and flags."""
+    out, pull = jax.vjp(lambda q, k, v: reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale),
+                        q, k, v)
+    return (out, *pull(ct))
 
 
 # --------------------------------------------------------------------------------------------------

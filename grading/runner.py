@@ -107,7 +107,8 @@ class Runner:
 
     # -- calls ------------------------------------------------------------------------------------
 
-    def _request(self, what: str, header: dict, arrays=(), reply_limit: int = 0) -> tuple[dict, list]:
+    def _request(self, what: str, header: dict, arrays=(), reply_limit: int = 0,
+                 while_waiting=None) -> tuple[dict, list]:
         if self.timed_out:
             raise TimedOut(f"not run: the candidate's time limit ({self.time_limit_s:g} s) ran out earlier")
         if self.down is not None or self.sandbox is None:
@@ -118,7 +119,8 @@ class Runner:
             raise TimedOut(f"not run: the candidate's time limit ({self.time_limit_s:g} s) ran out")
         start = time.monotonic()
         try:
-            return self.sandbox.request(header, arrays, timeout_s=remaining, reply_limit_bytes=reply_limit)
+            return self.sandbox.request(header, arrays, timeout_s=remaining, reply_limit_bytes=reply_limit,
+                                        while_waiting=while_waiting)
         except Expired:
             self.timed_out = True
             self.down = f"the candidate's time limit ({self.time_limit_s:g} s) ran out during {what}"
@@ -133,7 +135,7 @@ class Runner:
             self.close()
             raise CandidateFailure(f"{what}: malformed reply from the worker ({_clean(str(e))})") from None
         finally:
-            self.used_s += time.monotonic() - start
+            self.used_s += time.monotonic() - start - (self.sandbox.grader_s if self.sandbox else 0.0)
 
     def _call(self, what: str, p: Problem, grad: bool) -> list[np.ndarray]:
         kw = p.kwargs
@@ -144,7 +146,9 @@ class Runner:
         header = {"op": "vjp" if grad else "forward", "causal": bool(kw.get("causal", False)),
                   "scale": None if scale is None else float(scale), "has_lengths": kw.get("kv_lengths") is not None}
         limit = 8 * sum(a.nbytes for a in arrays) + (1 << 20)
-        reply, results = self._request(what, header, arrays, limit)
+        # The truth and baselines a fresh problem is judged by are computed while the candidate computes.
+        prepare = None if p.derived else p.prepare
+        reply, results = self._request(what, header, arrays, limit, prepare)
         if not reply.get("ok"):
             error = _clean(reply.get("error", "no result"))
             raise CandidateFailure(f"{what}: {'raised ' if reply.get('raised') else ''}{error}")

@@ -43,6 +43,7 @@ import sys
 import tempfile
 import time
 import weakref
+from typing import Callable
 
 import numpy as np
 import psutil
@@ -135,6 +136,7 @@ class Sandbox:
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None  # set once the worker is seen dead
         self.closed = False
+        self.grader_s = 0.0  # seconds of the grader's own work during the last request
         self._dir = None
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -200,13 +202,27 @@ class Sandbox:
 
     # -- one request ------------------------------------------------------------------------------
 
-    def request(self, header: dict, arrays=(), *, timeout_s: float, reply_limit_bytes: int) -> tuple[dict, list]:
+    def request(self, header: dict, arrays=(), *, timeout_s: float, reply_limit_bytes: int,
+                while_waiting: Callable[[], None] | None = None) -> tuple[dict, list]:
         """Send ``header`` + ``arrays``; return the worker's reply (header, arrays). Raises
-        :class:`Expired` (after killing everything) or :class:`WorkerGone` or ``ProtocolError``."""
+        :class:`Expired` (after killing everything) or :class:`WorkerGone` or ``ProtocolError``.
+
+        ``while_waiting``: the grader's own work, run once the request is sent and before the reply is
+        awaited; its duration is added to the deadline (the candidate is not charged for it) and kept in
+        ``self.grader_s``."""
         deadline = time.monotonic() + max(0.0, timeout_s)
+        self.grader_s = 0.0
         if self.closed or self.proc is None:
             raise WorkerGone("the worker was already stopped")
         self._send(encode(header, arrays), deadline)
+        if while_waiting is not None:
+            begin = time.monotonic()
+            try:
+                while_waiting()
+            except Exception:  # noqa: BLE001  (the reply must still be read; the work is redone, and fails, when needed)
+                pass
+            self.grader_s = time.monotonic() - begin
+            deadline += self.grader_s
         return self._receive(deadline, reply_limit_bytes)
 
     def _expired(self):
