@@ -27,9 +27,9 @@ from records import rawio
 from records.secrets import scan_file
 from records.schema import CHECKSUMS, CONFIG_NAMES
 
-from . import card
+from . import card, plan
 from .derive import CARD_SUM, RAW, card_sum_text, checksums_text, derive, record_ids
-from .rules import Accepted, accept
+from .rules import Accepted, accept, run_files
 from .tables import write_parquet
 from .verify import check, default_card
 
@@ -48,7 +48,7 @@ LOCK_TIMEOUT_S = 600
 
 def _read(run_dir: Path, allow_interpret: bool) -> Accepted:
     try:
-        acc = accept(rawio.read_run(run_dir), allow_interpret=allow_interpret)
+        acc = accept(rawio.read_run(run_dir), allow_interpret=allow_interpret, read_file=run_files(run_dir))
     except rawio.RunError as e:
         file = e.file if Path(e.file).is_absolute() or e.file == str(run_dir) else str(run_dir / e.file)
         raise BuildError(e.rule, file, e.field, str(e).split(": ", 1)[-1]) from e
@@ -84,8 +84,12 @@ def _swap(new: Path, data_dir: Path) -> None:
 
 
 def build(run_dirs: Sequence[Path | str] = (), data_dir: Path | str = "data", card_path: Path | str | None = None,
-          *, allow_interpret: bool = False, replace: bool = False, progress: bool = False) -> list[str]:
+          *, allow_interpret: bool = False, replace: bool = False, progress: bool = False,
+          plan_path: Path | str | None = None) -> list[str]:
     """Accept ``run_dirs`` as records of ``data_dir``; update its checksums and the card. Returns the new ids.
+
+    ``plan_path``: a ``tpu-kernel-records plan --json`` file to keep as ``data/plan/tpu-v5e.json``
+    (``builder.plan``: checked, then shown in the card as predicted by the compiler, not measured).
 
     Raises ``BuildError`` (nothing written) when a run breaks a rule, a record id already exists
     (unless ``replace``), or the resulting state would not verify.
@@ -100,15 +104,20 @@ def build(run_dirs: Sequence[Path | str] = (), data_dir: Path | str = "data", ca
     try:
         with lock.acquire(timeout=LOCK_TIMEOUT_S):
             return _build_locked(paths=[Path(p) for p in run_dirs], data_dir=data_dir, card_path=card_path,
-                                 allow_interpret=allow_interpret, replace=replace, progress=progress)
+                                 allow_interpret=allow_interpret, replace=replace, progress=progress,
+                                 plan_path=plan_path)
     except Timeout:
         raise BuildError("lock", lock.lock_file, None,
                          f"another build of {data_dir} held the lock for {LOCK_TIMEOUT_S} s") from None
 
 
 def _build_locked(*, paths: list[Path], data_dir: Path, card_path: Path, allow_interpret: bool, replace: bool,
-                  progress: bool) -> list[str]:
+                  progress: bool, plan_path: Path | str | None = None) -> list[str]:
     existing = set(record_ids(data_dir))
+    try:
+        plan_doc = plan.read_plan(Path(plan_path)) if plan_path is not None else None
+    except rawio.RunError as e:
+        raise BuildError(e.rule, str(plan_path), e.field, str(e).split(": ", 1)[-1]) from e
     accepted: dict[str, tuple[Path, Accepted]] = {}
     for run_dir in tqdm(paths, desc="checking runs", unit="run", disable=not progress or len(paths) < 2):
         acc = _read(run_dir, allow_interpret)
@@ -132,6 +141,9 @@ def _build_locked(*, paths: list[Path], data_dir: Path, card_path: Path, allow_i
             if (new / RAW / rid).exists():
                 shutil.rmtree(new / RAW / rid)
             _copy_run(run_dir, acc, new / RAW / rid)
+        if plan_doc is not None:
+            (new / plan.PLAN_FILE).parent.mkdir(parents=True, exist_ok=True)
+            (new / plan.PLAN_FILE).write_bytes(plan.plan_bytes(plan_doc))
         derived = derive(new, {rid: acc for rid, (_, acc) in accepted.items()})
         rewrite = set(accepted) if accepted else set(derived.records)
         for rid in sorted(rewrite):

@@ -3,7 +3,9 @@
 Generated parts sit between marker comments; everything else in the card is written by hand:
 
     # BEGIN GENERATED: dataset_info          (inside the YAML front matter)
-    <!-- BEGIN GENERATED: records -->        (markdown body; also: power, figure, usage)
+    <!-- BEGIN GENERATED: records -->        (markdown body; also: power, figure, plan, usage)
+
+The ``plan`` section comes from ``data/plan/tpu-v5e.json`` (``builder.plan``), the others from the tables.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ FIGURE = "figures/pallas_xla_ratio.png"  # relative to data/
 FIGURE_KEY = "tpu-kernel-records-data-sha256"
 BASELINE = "xla"  # the figure and its table show ratios to this implementation
 YAML_SECTIONS = ("dataset_info",)
-SECTIONS = ("dataset_info", "records", "power", "figure", "usage")
+SECTIONS = ("dataset_info", "records", "power", "figure", "plan", "usage")
 PLACEHOLDER_REPO = "OWNER/tpu-kernel-records"
 MAX_LISTED_SHAPES = 6  # grader-power shapes listed one by one in the card up to this many  # the usage examples name the real repo once published
 

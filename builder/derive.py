@@ -6,6 +6,8 @@ Layout of a data folder::
     <config>/<record_id>.parquet   one file per record and config (benchmark, correctness, environment);
                                    none where the record has no rows (a grader-power record's benchmark)
     figures/pallas_xla_ratio.png   the ratio figure of the card
+    plan/tpu-v5e.json              the static v5e plan (``builder.plan``), predicted by the compiler, not
+                                   measured; the card's plan section; absent until ``build --plan``
     CARD.sha256                    sha256 of the dataset card built with this data
     SHA256SUMS                     sha256 of every other file here (``cd data && sha256sum -c SHA256SUMS``)
 """
@@ -21,8 +23,8 @@ import pyarrow as pa
 from records import rawio
 from records.schema import CHECKSUMS, CONFIG_NAMES, FEATURES
 
-from . import card
-from .rules import Accepted, accept
+from . import card, plan
+from .rules import Accepted, accept, run_files
 from .tables import record_tables
 
 RAW = "raw"
@@ -46,11 +48,12 @@ class Derived:
 def read_record(data_dir: Path, record_id: str) -> Accepted:
     """Read and re-accept ``data/raw/<record_id>`` (interpret runs were admitted explicitly at build time)."""
     try:
-        run = rawio.read_run(data_dir / RAW / record_id)
+        folder = data_dir / RAW / record_id
+        run = rawio.read_run(folder)
         if run["manifest"]["run_id"] != record_id:
             raise rawio.RunError("record-id", "manifest.json", "run_id",
                                  f"run id {run['manifest']['run_id']!r} differs from its folder name")
-        return accept(run, allow_interpret=True)
+        return accept(run, allow_interpret=True, read_file=run_files(folder))
     except rawio.RunError as e:
         message = str(e).split(": ", 1)[-1]
         raise rawio.RunError(e.rule, f"{RAW}/{record_id}/{e.file}", e.field, message) from e
@@ -74,7 +77,7 @@ def derive(data_dir: Path, accepted: dict[str, Accepted] | None = None) -> Deriv
     combined = {name: pa.concat_tables([records[rid][name] for rid in records])
                 if records else FEATURES[name].empty_table() for name in CONFIG_NAMES}
     digest = card.figure_digest(card.ratio_series(combined["benchmark"]))
-    return Derived(records, combined, digest, card.sections(combined))
+    return Derived(records, combined, digest, {**card.sections(combined), "plan": plan.section(data_dir)})
 
 
 def sha256_bytes(data: bytes) -> str:

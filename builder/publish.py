@@ -3,7 +3,7 @@
 Order of operations (``publish``): check the repo id (``huggingface_hub.utils.validate_repo_id``) and
 that the version is ``records.schema.VERSION`` (the one place it is set); refuse unless ``verify``
 passes; stage the release (the card as README.md with its usage examples naming this repo and tag,
-data/, the loading script, kernel_src/, NOTICE, the two licences); then on the Hub: ``create_repo``
+data/, the loading script, kernel_src/, NOTICE, the two licences, PLAN_V5E.md when present); then on the Hub: ``create_repo``
 (``private`` for a first release into a scratch repo; exist_ok), refuse if tag ``vX.Y.Z`` exists
 (``list_repo_refs``), turn gating on (``update_repo_settings``) *before* any data is committed, one
 ``create_commit`` (``parent_commit`` pinned to the head seen) that adds every file (the client
@@ -37,6 +37,8 @@ MODULE_NAME = "tpu_kernel_records"
 RELEASE_FILES = {"tpu_kernel_records.py": "tpu_kernel_records.py", "NOTICE": "NOTICE",
                  "LICENSE-data": "LICENSE-data", "LICENSE-code": "LICENSE-code"}
 RELEASE_DIRS = ("kernel_src",)
+# Staged when present: the static v5e plan the card's plan section links to (predicted, not measured).
+OPTIONAL_RELEASE_FILES = ("PLAN_V5E.md",)
 IGNORED = shutil.ignore_patterns("__pycache__", "*.pyc", ".*")
 KEEP_REMOTE = {".gitattributes"}
 
@@ -168,6 +170,9 @@ def stage(root: Path, dest: Path, data_dir: Path | None = None, card_path: Path 
         shutil.copytree(data_dir, tmp / "data", ignore=IGNORED)
         for src, name in RELEASE_FILES.items():
             shutil.copyfile(root / src, tmp / name)
+        for name in OPTIONAL_RELEASE_FILES:
+            if (root / name).is_file():
+                shutil.copyfile(root / name, tmp / name)
         for name in RELEASE_DIRS:
             shutil.copytree(root / name, tmp / name, ignore=IGNORED)
         os.rename(tmp, dest)

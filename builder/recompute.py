@@ -13,6 +13,13 @@ benchmark's own code (``bench.cases.build_cases``) and recomputes with ``bench.s
 * per pair: the ratio of medians and its bootstrap interval (seed: the run's recorded seed, key
   ``numerator/denominator``), devices and scaling efficiency for the sharded scope.
 
+* per case with a compiled TPU program (``compiled_tpu``; predicted by the compiler, not measured,
+  and not derived from the samples): present exactly where the case has one
+  (``bench.benchmark.has_tpu_program``), either the facts or a reason, labelled with the source
+  its platform implies; the kernels, VMEM and bytes outside the kernels re-derived from the stored
+  optimized HLO (``bench.benchmark.hlo_facts``). The cost and memory analyses are the compiler's
+  statements: the schema checks their types, nothing can re-derive them without compiling again.
+
 A disagreement beyond float rounding (relative 1e-9) raises ``RunError`` naming case and field.
 A ``published-summary`` is not recomputed (it has no samples); its medians are checked against the
 published card by ``scripts/transcribe_published.py``.
@@ -21,10 +28,13 @@ published card by ``scripts/transcribe_published.py``.
 from __future__ import annotations
 
 import dataclasses
+import gzip
 import math
-from typing import Any
+import zlib
+from typing import Any, Callable
 
 from bench import roofline, stats
+from bench.benchmark import COMPILED_SOURCES, compiled_hlo_path, has_tpu_program, hlo_facts
 from bench.cases import Case, Pair, build_cases, get_profile
 from records.rawio import RunError
 
@@ -97,8 +107,48 @@ def _check_case(i: int, case: dict[str, Any], exp: Case, device_kind: str) -> No
                 f"case {name!r} from its work, median and {device_kind!r}")
 
 
-def check_measured(run: dict[str, Any]) -> None:
-    """Refuse a ``measured`` run whose cases, pairs or derived numbers do not follow (see module doc)."""
+ReadFile = Callable[[str], bytes]
+
+
+def _check_compiled(i: int, case: dict[str, Any], exp: Case, platform: str,
+                    read_file: ReadFile | None) -> None:
+    """``compiled_tpu`` where the case has a TPU program, its HLO-derived fields from its HLO."""
+    if "compiled_tpu" not in case and "compiled_tpu_reason" not in case:
+        return  # a run from before the field existed
+    where, name = f"cases/{i}", case["case_id"]
+    facts, reason = case.get("compiled_tpu"), case.get("compiled_tpu_reason")
+    if not has_tpu_program(exp, platform):
+        if facts is not None or reason is not None:
+            raise RunError("compiled-tpu", "benchmark.json", f"{where}/compiled_tpu",
+                           f"case {name!r} has no TPU program on a {platform} run")
+        return
+    if (facts is None) == (reason is None):
+        raise RunError("compiled-tpu", "benchmark.json", f"{where}/compiled_tpu",
+                       f"case {name!r} needs either compiled facts or the reason there are none, not "
+                       f"{'both' if facts is not None else 'neither'}")
+    if facts is None:
+        return
+    source = COMPILED_SOURCES["device" if platform == "tpu" else "deviceless"]
+    _expect(facts["source"], source, "compiled-tpu", f"{where}/compiled_tpu/source", f"case {name!r}")
+    _expect(facts["hlo"], compiled_hlo_path(name), "compiled-tpu", f"{where}/compiled_tpu/hlo",
+            f"case {name!r}")
+    if read_file is None:
+        raise RunError("compiled-tpu", "benchmark.json", f"{where}/compiled_tpu",
+                       "compiled facts are checked against their HLO file: read the run from its folder")
+    try:
+        text = gzip.decompress(read_file(facts["hlo"])).decode()
+    except (OSError, EOFError, zlib.error, UnicodeDecodeError) as e:
+        raise RunError("compiled-tpu", facts["hlo"], None, f"not a gzipped HLO text ({e})") from None
+    for field, value in hlo_facts(text).items():
+        _expect(facts[field], value, "derived", f"{where}/compiled_tpu/{field}",
+                f"case {name!r} from its compiled HLO")
+
+
+def check_measured(run: dict[str, Any], read_file: ReadFile | None = None) -> None:
+    """Refuse a ``measured`` run whose cases, pairs or derived numbers do not follow (see module doc).
+
+    ``read_file(relative path) -> bytes`` reads a file of the run folder (the compiled HLO); a run
+    with compiled TPU facts is refused without it."""
     env, bench, seed = run["environment"], run["benchmark"], run["correctness"]["seed"]
     expected, pairs = expected_cases(bench, env["device_count"])
     index = {case["case_id"]: i for i, case in enumerate(bench["cases"])}
@@ -111,6 +161,7 @@ def check_measured(run: dict[str, Any]) -> None:
             raise RunError("unexpected-case", "benchmark.json", f"cases/{i}/case_id",
                            f"case {case_id!r} is not a case of profile {bench['profile']!r}")
         _check_case(i, bench["cases"][i], expected[case_id], env["device_kind"])
+        _check_compiled(i, bench["cases"][i], expected[case_id], bench["platform"], read_file)
     by_id = {case["case_id"]: case for case in bench["cases"]}
     recorded = {(p["numerator"], p["denominator"]): (i, p) for i, p in enumerate(bench["pairs"])}
     wanted = {(p.numerator, p.denominator): p for p in pairs}

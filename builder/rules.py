@@ -27,7 +27,8 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from pathlib import Path
+from typing import Any, Callable
 
 from records.rawio import RunError
 from records.secrets import env_var_allowed
@@ -182,6 +183,9 @@ def _check_case(i: int, case: dict[str, Any], benchmark: dict[str, Any], summary
         value = case[field]
         if value is not None and not _finite(value):
             raise RunError("non-finite", "benchmark.json", f"{where}/{field}", f"{value!r} is not finite")
+    if summary and (case.get("compiled_tpu") is not None or case.get("compiled_tpu_reason") is not None):
+        raise RunError("published-summary", "benchmark.json", f"{where}/compiled_tpu",
+                       "a published summary carries no compiled program")
     if case["median_ms"] is None or case["median_ms"] <= 0:
         raise RunError("median", "benchmark.json", f"{where}/median_ms",
                        f"case {case['case_id']!r} needs a positive median, got {case['median_ms']!r}")
@@ -209,6 +213,9 @@ def _check_case(i: int, case: dict[str, Any], benchmark: dict[str, Any], summary
         if case[field] is not None and case[field] not in files:
             raise RunError("missing-file", "benchmark.json", f"{where}/{field}",
                            f"{case[field]!r} is not a file of the run")
+    if case.get("compiled_tpu") is not None and case["compiled_tpu"]["hlo"] not in files:
+        raise RunError("missing-file", "benchmark.json", f"{where}/compiled_tpu/hlo",
+                       f"{case['compiled_tpu']['hlo']!r} is not a file of the run")
 
 
 def _check_benchmark(benchmark: dict[str, Any], files: set[str]) -> None:
@@ -255,8 +262,13 @@ def _check_published_ratio(i: int, pair: dict[str, Any], numerator_ms: float, de
                        f"{pair['ratio']!r}, but its medians give {ratio:.4f} (allowing the card's rounding)")
 
 
-def accept(run: dict[str, Any], *, allow_interpret: bool = False) -> Accepted:
-    """Apply every rule to a run read by ``rawio.read_run``; return it accepted or raise ``RunError``."""
+def accept(run: dict[str, Any], *, allow_interpret: bool = False,
+           read_file: Callable[[str], bytes] | None = None) -> Accepted:
+    """Apply every rule to a run read by ``rawio.read_run``; return it accepted or raise ``RunError``.
+
+    ``read_file(relative path) -> bytes`` reads the run folder's evidence (``run_files``); a run
+    whose cases carry compiled TPU facts is refused without it (they are checked against their HLO).
+    """
     env, benchmark = run["environment"], run["benchmark"]
     _check_consistency(run)
     grader_power = env["source"] == "grader-power"
@@ -283,5 +295,10 @@ def accept(run: dict[str, Any], *, allow_interpret: bool = False) -> Accepted:
     _check_correctness(run["correctness"])
     _check_benchmark(benchmark, set(run["manifest"]["files"]))
     if benchmark["source"] == "measured":
-        check_measured(run)
+        check_measured(run, read_file)
     return Accepted(env["run_id"], run, interpret, expected)
+
+
+def run_files(run_dir: Path) -> Callable[[str], bytes]:
+    """``read_file`` for ``accept``: the bytes of a file of the run folder ``run_dir``."""
+    return lambda rel: (Path(run_dir) / rel).read_bytes()

@@ -2,7 +2,9 @@
 
 Row layouts:
 
-* benchmark: one row per case. ``pairs`` lists every pair with this case as numerator (baseline,
+* benchmark: one row per case; ``compiled_tpu`` (a struct, null where the case has no compiled TPU
+  program or it could not be compiled: ``compiled_tpu_reason``) holds the TPU compiler's facts,
+  predicted by the compiler, not measured. ``pairs`` lists every pair with this case as numerator (baseline,
   ratio of medians, CI, devices and scaling efficiency for the sharded scope); the flat
   ``baseline_case_id``/``ratio_to_baseline``/``ratio_ci_*``/``scaling_efficiency`` repeat the primary
   one: the pair against the XLA case where there is one, else the first in the raw run.
@@ -80,6 +82,11 @@ def _common(acc: Accepted) -> dict[str, Any]:
             "interpret": acc.interpret}
 
 
+def _compiled_tpu(facts: dict[str, Any] | None, raw: str) -> dict[str, Any] | None:
+    """The ``compiled_tpu`` struct (predicted by the compiler, not measured), its HLO path under data/."""
+    return None if facts is None else {**facts, "hlo": raw + facts["hlo"]}
+
+
 def benchmark_rows(acc: Accepted) -> list[dict[str, Any]]:
     env, bench = acc.run["environment"], acc.run["benchmark"]
     impl = {case["case_id"]: case["implementation"] for case in bench["cases"]}
@@ -106,6 +113,8 @@ def benchmark_rows(acc: Accepted) -> list[dict[str, Any]]:
                        "scaling_efficiency": p.get("scaling_efficiency")} for p in pairs],
             "stablehlo": raw + case["stablehlo"] if case["stablehlo"] else None,
             "stablehlo_tpu": raw + case["stablehlo_tpu"] if case["stablehlo_tpu"] else None,
+            "compiled_tpu": _compiled_tpu(case.get("compiled_tpu"), raw),
+            "compiled_tpu_reason": case.get("compiled_tpu_reason"),
         })
     return rows
 

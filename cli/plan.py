@@ -59,7 +59,9 @@ def _plan(args: argparse.Namespace) -> int:
                           progress=lambda line: print(line, file=sys.stderr, flush=True))
     text = plan.render_markdown(rows, args.profile, command)
     if args.json:
-        _write_atomic(args.json, json.dumps(dict(label=plan.LABEL, rows=rows), indent=1) + "\n")
+        provenance = dict(command=command, jax=plan.jax.__version__, date=plan.datetime.date.today().isoformat(),
+                          libtpu=plan.compiled.libtpu_version())  # for the card's plan section (builder.plan)
+        _write_atomic(args.json, json.dumps(dict(label=plan.LABEL, **provenance, rows=rows), indent=1) + "\n")
     if args.out:
         _write_atomic(args.out, text)
         print(args.out)

@@ -44,7 +44,7 @@ def _cmd_build(args: argparse.Namespace) -> int:
             if args.grader_power is not None:
                 run_dirs.append(_grader_power_run(args.grader_power, Path(tmp)))
             ids = build(run_dirs, args.data, args.card, allow_interpret=args.allow_interpret,
-                        replace=args.replace, progress=not args.quiet)
+                        replace=args.replace, progress=not args.quiet, plan_path=args.plan)
         except (BuildError, RunError, ValueError) as e:
             print(f"build refused, nothing written: {e}", file=sys.stderr)
             return 1
@@ -112,6 +112,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--grader-power", type=Path, metavar="POWER_JSON", default=None,
                    help="also add a grader-power record: a `tpu-kernel-rubric --power --json` summary, wrapped "
                         "with this machine's environment (run it where the sweep ran; labelled CPU-measured)")
+    p.add_argument("--plan", type=Path, metavar="PLAN_JSON", default=None,
+                   help="keep a `tpu-kernel-records plan --json` file as data/plan/tpu-v5e.json: the card's "
+                        "flash / XLA table, predicted by the compiler, not measured (builder.plan)")
     p.set_defaults(func=_cmd_build)
 
     p = subparsers.add_parser(

@@ -1,5 +1,9 @@
 """The main job: one measurement run (environment + correctness + benchmark) into a run folder.
 
+Beside each TPU case's timings the run keeps the TPU compiler's facts about its program
+(``compiled_tpu``, from ``bench.benchmark``: predicted by the compiler, not measured), compiled
+for TPU v5e without a chip where this host is not a TPU; null with a reason where libtpu is missing.
+
 ``run_measure`` measures, grades, captures the environment, checks that no secret value made it into
 any file, and only then writes the folder atomically through ``records.rawio.write_run``: an
 interrupted or failed run leaves nothing behind.
@@ -17,7 +21,7 @@ from tqdm.auto import tqdm
 from measure import environment
 from records import rawio
 from bench.benchmark import BenchmarkResult, run_benchmark
-from bench.cases import Profile, default_profile, get_profile
+from bench.cases import MODEL_SCOPES, Profile, default_profile, get_profile
 
 INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say nothing about kernel "
                      "speed, only that the kernel runs.")
@@ -43,7 +47,8 @@ def measured_candidates(profile: Profile, scopes: Sequence[str]) -> tuple[str, l
     kernels = []
     if {"softmax", "attention"} & set(scopes):
         kernels.append("pallas")
-    if "flash" in scopes or ("sharded" in scopes and profile.sharded_kernel == "flash"):
+    if ({"flash", *MODEL_SCOPES} & set(scopes)
+            or ("sharded" in scopes and profile.sharded_kernel == "flash")):
         kernels.append("flash")
     if "sharded" in scopes and profile.sharded_kernel == "pallas" and "pallas" not in kernels:
         kernels.append("pallas")
@@ -96,8 +101,9 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
       out: the run folder to create (must not exist); default ``runs/<run_id>/``.
       profile: ``cpu``, ``tiny``, ``tpu-v5e`` or ``gpu``; default from the platform.
       warmups, samples: per case; the profile's defaults (5 and 20) when ``None``.
-      scopes: subset of ``softmax``, ``attention``, ``flash``, ``sharded``; the profile's defaults
-        when ``None``.
+      scopes: subset of ``bench.cases.SCOPES`` (``softmax``, ``attention``, ``flash``, ``sharded``,
+        and on a TPU or GPU the model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's
+        defaults when ``None``.
       seed: inputs, bootstrap resampling and the rubric.
       power_seeds: seeds for the rubric's grader-power summary; 0 records ``power: null``.
       progress: tqdm bars while running and the summary table after.

@@ -10,7 +10,8 @@ the parquet files themselves, so nothing here is declared a second time.
 * ``CHECKSUMS``: ``data/SHA256SUMS`` (sha256sum format); it also lists each config's files for the
   loading script.
 * ``FEATURES``: config -> ``pyarrow.Schema``. Times are UTC timestamps (microseconds), lists are
-  standard parquet lists (``list<element>``), the grader-power columns are structs.
+  standard parquet lists (``list<element>``), the grader-power columns are structs, and so is a
+  benchmark case's ``compiled_tpu`` (the TPU compiler's facts: predicted, not measured).
 """
 
 from __future__ import annotations
@@ -49,6 +50,14 @@ POWER_DETAIL = _struct(
     seconds_per_trial=_float, load_error=_str, min_k_to_pass_tolerances=_float,
     calibration=_list(_struct(key=_str, max_ratio=_float, needed_k=_float, needed_floor_eps=_float)),
     other=OTHER)
+# A benchmark case's compiled TPU program (``compiled_tpu``): predicted by the compiler, not measured.
+COMPILED_TPU = _struct(
+    source=_str, device_kind=_str, jax=_str, libtpu=_str, flops=_float, bytes_accessed=_float,
+    argument_bytes=_int, output_bytes=_int, temp_bytes=_int, generated_code_bytes=_int,
+    vmem_bytes=_int, outside_bytes=_int, outside_ops=_list(_str),
+    kernels=_list(_struct(name=_str, vmem_bytes=_int, result_bytes=_int, declared_flops=_int,
+                          declared_bytes=_int)),
+    hlo=_str)
 POWER_SETTINGS = _struct(
     seeds=_int, first_seed=_int, shapes=_list(_struct(name=_str, **_SHAPE)), dtypes=_list(_str),
     checks=_list(_str),
@@ -71,7 +80,7 @@ FEATURES: dict[str, pa.Schema] = {
         scaling_efficiency=_float,
         pairs=_list(_struct(baseline_case_id=_str, ratio=_float, ci_low=_float, ci_high=_float, devices=_int,
                             scaling_efficiency=_float)),
-        stablehlo=_str, stablehlo_tpu=_str),
+        stablehlo=_str, stablehlo_tpu=_str, compiled_tpu=COMPILED_TPU, compiled_tpu_reason=_str),
     "correctness": _schema(
         **_RECORD, seed=_int, row_kind=_str,
         candidate=_str, kind=_str, measured=_bool, candidate_passed=_bool, score=_float,

@@ -1,0 +1,109 @@
+"""The card's static v5e plan: ``build --plan`` keeps a checked ``tpu-kernel-records plan --json``
+file in data/, the card shows its flash / XLA ratios labelled as predicted, and a ratio that does
+not follow from the row's FLOPs and bytes is refused. No compiling here: the rows are synthetic."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import release_fixtures as testing
+from bench.plan import LABEL
+from builder import plan
+from builder.build import BuildError, build
+from builder.verify import verify
+from cli import main as commands
+from release_fixtures import PUBLISHED
+
+
+def _row(seq: int, mode: str, kernel_flops: float, kernel_bytes: float, outside: float,
+         xla_flops: float, xla_bytes: float) -> dict:
+    flash_floor = 1e3 * max(kernel_flops / 197e12, (kernel_bytes + outside) / 819e9)
+    xla_floor = 1e3 * max(xla_flops / 197e12, xla_bytes / 819e9)
+    return dict(seq=seq, batch=8, num_q_heads=4, num_kv_heads=2, head_dim=128, mode=mode,
+                flash_outside_bytes=outside, flash_outside_ops=["copy"], flash_kernel_bytes=kernel_bytes,
+                flash_kernel_flops=kernel_flops, flash_vmem_bytes=3 * 2 ** 20, flash_kernels=1,
+                flash_floor_ms=flash_floor, xla_bytes=xla_bytes, xla_flops=xla_flops,
+                xla_floor_ms=xla_floor, flash_over_xla=flash_floor / xla_floor,
+                forward_useful_flops=kernel_flops, outside_over_kernel=outside / kernel_bytes)
+
+
+PLAN = dict(label=LABEL, command="tpu-kernel-records plan --profile tpu-v5e --json plan.json",
+            jax="0.10.2", libtpu="0.0.42.1", date="2026-12-03",
+            rows=[_row(2048, "fwd", 34.4e9, 50.3e6, 100.7e6, 70.0e9, 1965.3e6),
+                  _row(2048, "fwd+bwd", 154.7e9, 185.9e6, 269.7e6, 176.3e9, 5614.6e6)])
+
+
+@pytest.fixture(scope="module")
+def base(tmp_path_factory) -> Path:
+    ws = testing.workspace(tmp_path_factory.mktemp("plan"))
+    build([ws / "runs" / PUBLISHED], ws / "data")
+    return ws
+
+
+@pytest.fixture
+def ws(base, tmp_path) -> Path:
+    return Path(shutil.copytree(base, tmp_path / "ws", symlinks=True))
+
+
+def _write(path: Path, doc: dict) -> Path:
+    path.write_text(json.dumps(doc))
+    return path
+
+
+def test_without_a_plan_the_card_says_there_is_none(base):
+    card = (base / "dataset_card.md").read_text()
+    assert "_No static plan in this release yet" in card and not (base / "data" / plan.PLAN_FILE).exists()
+
+
+def test_the_plan_builds_into_data_and_the_card_labelled_as_predicted(ws):
+    assert build([], ws / "data", plan_path=_write(ws / "plan.json", PLAN)) == []
+    assert json.loads((ws / "data" / plan.PLAN_FILE).read_text()) == PLAN
+    section = (ws / "dataset_card.md").read_text().split("<!-- BEGIN GENERATED: plan -->")[1]
+    section = section.split("<!-- END GENERATED: plan -->")[0]
+    assert LABEL in section and "not measured" in section and "[PLAN_V5E.md](PLAN_V5E.md)" in section
+    fwd = PLAN["rows"][0]
+    # flash: 151.0 MB at 819 GB/s = 0.184 ms; XLA: 1965.3 MB = 2.400 ms; ratio 0.077.
+    assert f"| 2048 | 8 | 4 / 2 | 128 | fwd | 0.184 | 2.400 | {fwd['flash_over_xla']:.3f} |" in section
+    assert f"{fwd['flash_over_xla']:.3f}" == "0.077"
+    assert "jax 0.10.2, libtpu 0.0.42.1" in section
+    assert verify(ws / "data") == []
+
+
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d["rows"][0].__setitem__("flash_over_xla", 0.05), "rows/0/flash_over_xla"),
+    (lambda d: d["rows"][1].__setitem__("xla_floor_ms", 1.0), "rows/1/xla_floor_ms"),
+    (lambda d: d["rows"][1].__setitem__("flash_floor_ms", 0.1), "rows/1/flash_floor_ms"),
+    (lambda d: d.__setitem__("label", "Measured on a TPU v5e."), "label"),
+    (lambda d: d["rows"][0].__setitem__("mode", "bwd"), "rows/0/mode"),
+    (lambda d: d.__setitem__("rows", []), "rows"),
+])
+def test_a_plan_whose_numbers_do_not_follow_is_refused_and_nothing_written(ws, edit, field):
+    doc = copy.deepcopy(PLAN)
+    edit(doc)
+    before = testing.tree_hash(ws / "data", ws / "dataset_card.md")
+    with pytest.raises(BuildError, match=rf"\[plan\].* at {field}"):
+        build([], ws / "data", plan_path=_write(ws / "plan.json", doc))
+    assert testing.tree_hash(ws / "data", ws / "dataset_card.md") == before
+
+
+def test_a_hand_edited_plan_in_data_fails_verify(ws):
+    build([], ws / "data", plan_path=_write(ws / "plan.json", PLAN))
+    doc = copy.deepcopy(PLAN)
+    doc["rows"][0]["flash_over_xla"] = 0.01
+    (ws / "data" / plan.PLAN_FILE).write_bytes(plan.plan_bytes(doc))
+    problems = verify(ws / "data")
+    assert any("plan/tpu-v5e.json: sha256 differs" in p for p in problems)
+    assert any("[plan]" in p and "flash_over_xla" in p for p in problems)
+
+
+def test_build_plan_on_the_command_line(ws, capsys):
+    code = commands.main(["build", "--data", str(ws / "data"), "--plan", str(_write(ws / "p.json", PLAN)),
+                          "--quiet"])
+    assert code == 0 and (ws / "data" / plan.PLAN_FILE).is_file()
+    assert commands.main(["build", "--data", str(ws / "data"), "--plan", str(ws / "missing.json")]) == 1
+    assert "missing.json" in capsys.readouterr().err
