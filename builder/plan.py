@@ -120,8 +120,8 @@ def section(data_dir: Path) -> str:
              f"From `data/{PLAN_FILE}`" + (f", written by `{doc['command']}`" if doc.get("command") else "")
              + (f" ({made})" if made else "") + f"; the full table and how to read it: [{PLAN_DOC}]({PLAN_DOC}). "
              "Floors are roofline lower bounds `max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s)` of the compiled "
-             "programs, not times; below 1 the compiler's plan favours flash. A measured TPU record replaces "
-             "them.", "",
+             "programs, not times; below 1 the compiler's plan favours flash. Once a TPU record of the flash "
+             "kernel exists, its measured ratios (figure above) are the answer; these stay a prediction.", "",
              "| seq | batch | heads (q / kv) | head_dim | pass | flash floor (ms) | XLA floor (ms) "
              "| flash / XLA (predicted) |",
              "|---:|---:|---|---:|---|---:|---:|---:|"]

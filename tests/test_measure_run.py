@@ -139,6 +139,7 @@ def test_the_measured_kernels_decide_the_candidates():
     assert run_module.measured_candidates(tpu, list(SCOPES)) == ("pallas", ["pallas", "flash"])
     assert run_module.measured_candidates(tpu, ["flash"]) == ("flash", ["flash"])
     assert run_module.measured_candidates(tpu, ["sharded"]) == ("flash", ["flash"])
+    assert run_module.measured_candidates(tpu, ["model-fwd-bwd"]) == ("flash", ["flash"])
 
 
 def test_grading_never_raises_when_the_rubric_cannot_run(monkeypatch):
