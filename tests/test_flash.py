@@ -121,12 +121,15 @@ def _grid_steps(grid):
 def test_skipped_steps_issue_no_new_dma():
     """A pipelined input is fetched when its block index changes between consecutive steps.
 
-    Forward/dQ grids: a skipped step repeats the previous step's K/V block index, so only
-    computing steps fetch K/V. dK/dV grid: every query-side fetch feeds a computing step, bar
-    one per (batch, kv head) whose key blocks all lie past its length.
+    Forward/dQ grids (batch, kv-head block, qi, ki): a skipped step repeats the previous step's
+    K/V block index, so only computing steps fetch K/V. dK/dV grid (batch, kv-head block, ki,
+    qi): every query-side fetch feeds a computing step, bar one per (batch, kv-head block)
+    whose key blocks all lie past its length. Each block holds one kv head here (the 8-chip
+    v5e layout's largest head block is all heads; one per step gives the most steps to check).
     """
-    plan = flash_plan.Plan(q_len=500, kv_len=600, num_q_heads=4, num_kv_heads=2, causal=True, scale=1.0,
-                    blocks=BLOCKS_128, variant="mosaic", interpret=True)
+    plan = flash_plan.Plan(q_len=500, kv_len=600, num_q_heads=4, num_kv_heads=2, causal=True,
+                           scale=1.0, blocks=BLOCKS_128, variant="mosaic", interpret=True,
+                           kv_heads_per_step=1)
     lengths = np.asarray([600, 300, 0], np.int32)
     bq = bk = 128
     nq, nk = 4, 5
@@ -142,17 +145,57 @@ def test_skipped_steps_issue_no_new_dma():
 
     _, kv_map = flash_tpu.query_side_maps(plan, bq, bk)
     fetches, computing = count(
-        (3, 4, nq, nk), kv_map,
-        lambda b, h, qi, ki: ki < int(flash_plan.num_key_blocks(qi, lengths[b], bq, bk, plan)))
-    steps = 3 * 4 * nq * nk
+        (3, 2, nq, nk), kv_map,
+        lambda b, j, qi, ki: ki < int(flash_plan.num_key_blocks(qi, lengths[b], bq, bk, plan)))
+    steps = 3 * 2 * nq * nk
     assert computing < steps / 2  # causal + lengths skip more than half of this grid
-    assert fetches <= computing + 3 * 4  # + the first step of each (batch, head) with none
+    assert fetches <= computing + 3 * 2  # + the first step of each (batch, head block) with none
 
     q_map, _ = flash_tpu.key_side_maps(plan, bq, bk, nq)
     fetches, computing = count(
-        (3, 2, nk, 2, nq), q_map,
-        lambda b, h, ki, g, qi: ki < int(flash_plan.num_key_blocks(qi, lengths[b], bq, bk, plan)))
+        (3, 2, nk, nq), q_map,
+        lambda b, j, ki, qi: ki < int(flash_plan.num_key_blocks(qi, lengths[b], bq, bk, plan)))
     assert 0 < fetches <= computing + 3 * 2
+
+
+def test_whole_tiles_are_exactly_the_tiles_no_mask_cuts():
+    """``whole_tile`` (the kernels' unmasked branch) holds iff every pair of the tile is
+    visible and no query row is padding: checked against the contract's mask, tile by tile."""
+    from kernel_src.contract import visibility_mask
+
+    whole_seen = 0
+    for q_len, kv_len, causal, length in [(500, 600, True, 600), (500, 600, True, 300),
+                                          (300, 200, True, 150), (256, 384, False, 200)]:
+        plan = flash_plan.Plan(q_len=q_len, kv_len=kv_len, num_q_heads=4, num_kv_heads=2,
+                               causal=causal, scale=1.0, blocks=BLOCKS_128, variant="mosaic",
+                               interpret=True)
+        mask = np.broadcast_to(visibility_mask(q_len, kv_len, causal, jnp.asarray([length])),
+                               (1, q_len, kv_len))[0]
+        for qi, ki in itertools.product(range(-(-q_len // 128)), range(-(-kv_len // 128))):
+            tile = mask[qi * 128:(qi + 1) * 128, ki * 128:(ki + 1) * 128]
+            expected = tile.shape == (128, 128) and tile.all()
+            got = bool(flash_plan.whole_tile(qi, ki, 128, 128, length, plan))
+            assert got == expected, (q_len, kv_len, causal, length, qi, ki)
+            whole_seen += got
+    assert whole_seen > 0  # the unmasked branch is reached at all
+
+
+def test_tpu_tiles_fit_the_vmem_budget_and_grow_with_room():
+    """The plan's Mosaic tiles: within the budget per phase, lane-aligned, all heads per step
+    for 4/2 heads, a multiple of 8 kv heads for 32/8, and smaller tiles when heads crowd VMEM."""
+    small, heads = flash_plan.tpu_tiles(2048, 2048, 4, 2, 128, 2)
+    assert heads == 2
+    big, big_heads = flash_plan.tpu_tiles(16384, 16384, 32, 8, 128, 2)
+    assert big_heads == 8
+    for blocks, h, group in ((small, heads, 2), (big, big_heads, 4)):
+        for phase, (bq, bk) in zip(("fwd", "dq", "dkv"), (
+                (blocks.block_q, blocks.block_k), (blocks.block_q_dq, blocks.block_k_dq),
+                (blocks.block_q_dkv, blocks.block_k_dkv))):
+            assert bq % 128 == 0 and bk % 128 == 0
+            assert flash_plan.vmem_estimate(phase, bq, bk, h, group, 128, 2) <= flash_plan.VMEM_BUDGET
+    assert small.block_q * small.block_k > big.block_q * big.block_k
+    short, _ = flash_plan.tpu_tiles(200, 300, 4, 2, 64, 4)
+    assert (short.block_q, short.block_k) == (256, 384)  # shrunk to the 128-rounded sequences
 
 
 def test_bad_arguments_raise_clear_errors():

@@ -157,8 +157,9 @@ def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode)
     if mode == "fwd":  # read q, k, v; write o; a forward-only call writes no log-sum-exp
         assert row["flash_kernel_bytes"] == 2 * q + 2 * kv + lengths
         assert row["flash_kernel_flops"] == 2 * 2 * d * pairs  # two matmuls, causal half
-    else:  # forward with lse, dQ, dK/dV: lse and di lane-dense, each array once per kernel
-        assert row["flash_kernel_bytes"] == 7 * q + 8 * kv + 5 * lse + 3 * lengths
+    else:  # forward with lse; dQ reads O too and writes di; dK/dV: lse and di lane-dense,
+        # each array once per kernel (the backward runs no XLA op between the kernels)
+        assert row["flash_kernel_bytes"] == 8 * q + 8 * kv + 5 * lse + 3 * lengths
         assert row["flash_kernel_flops"] == 2 * (2 + 3 + 4) * d * pairs
     assert row["xla_flops"] > row["flash_kernel_flops"]  # the reference computes every logit
     assert 0 < row["flash_over_xla"] < 10

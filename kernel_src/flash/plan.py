@@ -92,10 +92,20 @@ class Plan:
     blocks: FlashBlockSizes
     variant: str
     interpret: Any
+    kv_heads_per_step: int | None = None  # Mosaic: kv heads one grid step holds; None = all
+    flat_head_dim: int | None = None  # Mosaic on [b, s, heads * d] (jax < 0.7): that d
 
     @property
     def group(self) -> int:
         return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def kv_head_block(self) -> int:
+        return self.kv_heads_per_step or self.num_kv_heads
+
+    @property
+    def q_head_block(self) -> int:
+        return self.kv_head_block * self.group
 
 
 def round_up(x: int, multiple: int) -> int:
@@ -126,6 +136,76 @@ def fit_blocks(blocks: FlashBlockSizes, q_len: int, kv_len: int, variant: str,
 
 
 # --------------------------------------------------------------------------------------------
+# Mosaic tiles chosen by the plan: the largest that fit VMEM, double-buffered, per phase.
+
+VMEM_LIMIT = 32 * 2 ** 20  # bytes of scoped VMEM the Mosaic kernels ask for (v5e has 128 MiB)
+VMEM_BUDGET = 24 * 2 ** 20  # what the estimate may use of it: room for Mosaic's own temporaries
+TILE_CHOICES = (1024, 512, 256, 128)
+_SUBLANES = 8  # a [1, rows] statistic row takes 8 sublanes of VMEM
+
+
+def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: int,
+                  head_dim: int, itemsize: int) -> int:
+    """Bytes of VMEM one grid step of ``phase`` (``fwd``, ``dq``, ``dkv``) needs: its blocks
+    twice (double buffering), its fp32 scratch, and about four fp32 ``[block_q, block_k]`` tiles
+    of intermediates (scores, probabilities, their gradients).
+
+    A ``(rows, heads, head_dim)`` block is tiled in VMEM on its last two dims, the heads padded
+    to whole sublane tiles (8 rows of 32 bits: 16 heads in bf16), so 2 or 4 heads take the room
+    of 16: matched within 1% by the VMEM the v5e compiler reserved at 128 x 128 tiles, 4/2 heads.
+    """
+    q_heads = kv_heads * group
+    sublanes = _SUBLANES * max(1, 4 // itemsize)
+
+    def tile(rows: int, heads: int) -> int:
+        return rows * round_up(heads, sublanes) * head_dim * itemsize
+
+    q_tile, kv_tile = tile(block_q, q_heads), tile(block_k, kv_heads)  # q/o/dO/dQ; k/v/dK/dV
+    stat = q_heads * _SUBLANES * block_q * 4  # lse or di: fp32 [q heads, 1, block_q]
+    lanes = q_heads * block_q * LANES * 4  # a lane-replicated fp32 statistic in scratch
+    blocks, scratch = {
+        "fwd": (2 * q_tile + 2 * kv_tile + stat, 2 * lanes + q_heads * block_q * head_dim * 4),
+        "dq": (4 * q_tile + 2 * kv_tile + 2 * stat, 2 * lanes + q_heads * block_q * head_dim * 4),
+        "dkv": (2 * q_tile + 4 * kv_tile + 2 * stat, 2 * kv_heads * block_k * head_dim * 4),
+    }[phase]
+    return 2 * blocks + scratch + 4 * block_q * block_k * 4
+
+
+def _head_blocks(num_kv_heads: int, group: int) -> list[int]:
+    """kv heads per grid step that Mosaic accepts: all of them, or a multiple of 8 dividing
+    them (the heads axis is the second-minor of the 4-D block), most first."""
+    return [h for h in range(num_kv_heads, 0, -1) if num_kv_heads % h == 0
+            and (h == num_kv_heads or (h % _SUBLANES == 0 and h * group % _SUBLANES == 0))]
+
+
+def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+              itemsize: int, budget: int = VMEM_BUDGET) -> tuple[FlashBlockSizes, int]:
+    """``(blocks, kv heads per step)`` for compiled Mosaic: per phase the largest tiles (most
+    ``block_q * block_k``, then the larger outer block: the one each K/V (forward, dQ) or Q
+    (dK/dV) refetch is counted against) whose ``vmem_estimate`` fits ``budget``,
+    for the head block that allows the largest tiles (more heads on a tie). Tiles are shrunk to
+    the (128-rounded) sequence first; 128 x 128 is the floor."""
+    group = num_q_heads // num_kv_heads
+    q_cap, kv_cap = round_up(max(q_len, 1), LANES), round_up(max(kv_len, 1), LANES)
+    best = None
+    for heads in _head_blocks(num_kv_heads, group):
+        chosen = []
+        for phase in ("fwd", "dq", "dkv"):
+            outer = 1 if phase == "dkv" else 0
+            pairs = sorted({(min(bq, q_cap), min(bk, kv_cap)) for bq in TILE_CHOICES
+                            for bk in TILE_CHOICES}, key=lambda t: (t[0] * t[1], t[outer]),
+                           reverse=True)
+            fits = [t for t in pairs if vmem_estimate(phase, *t, heads, group, head_dim,
+                                                      itemsize) <= budget]
+            chosen.append(fits[0] if fits else pairs[-1])
+        score = min(bq * bk for bq, bk in chosen)
+        if best is None or score > best[0]:
+            best = (score, chosen, heads)
+    _, ((bq, bk), (bq_dq, bk_dq), (bq_dkv, bk_dkv)), heads = best
+    return FlashBlockSizes(bq, bk, bq_dq, bk_dq, bq_dkv, bk_dkv), heads
+
+
+# --------------------------------------------------------------------------------------------
 # Block skipping: which key blocks a query block needs (shared by every kernel and index map).
 # Integer division is lax.div on non-negative values: Mosaic lowers `//` on traced ints via sign().
 
@@ -150,6 +230,16 @@ def key_in_range(ki, length, block_k: int):
     return ki * block_k < length
 
 
+def whole_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan):
+    """True when every (query, key) pair of the tile is visible and no query row is padding:
+    no mask cuts it, so its kernels may skip the iota compares and ``where``s."""
+    key_end = (ki + 1) * block_k
+    whole = (key_end <= length) & ((qi + 1) * block_q <= plan.q_len)
+    if plan.causal:  # the tile's last key is visible to its first row
+        whole = whole & (key_end - 1 <= qi * block_q + (plan.kv_len - plan.q_len))
+    return whole
+
+
 def visible_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan,
                  transposed: bool = False):
     """``[block_q, block_k]`` visibility of one (query block, key block) tile, from iotas;
@@ -165,9 +255,10 @@ def visible_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan,
 
 
 def scores(q, k, mask, scale: float):
-    """Masked, scaled fp32 logits ``[block_q, block_k]`` (masked entries ``-inf``)."""
+    """Masked, scaled fp32 logits ``[block_q, block_k]`` (masked entries ``-inf``); ``mask``
+    ``None`` for a tile no mask cuts."""
     s = lax.dot_general(q, k, TRANS_B, preferred_element_type=F32) * scale
-    return jnp.where(mask, s, -jnp.inf)
+    return s if mask is None else jnp.where(mask, s, -jnp.inf)
 
 
 def online_softmax_step(s, v, m_prev, l_prev, acc_prev, widen: Widen):
@@ -190,9 +281,11 @@ def finish(m, l, acc, widen: Widen):
 
 
 def score_grads(q, k, v, do, lse, di, mask, scale: float, widen: Widen):
-    """Recomputed probabilities ``P`` and logit gradients ``dS`` (scale folded in), fp32."""
+    """Recomputed probabilities ``P`` and logit gradients ``dS`` (scale folded in), fp32;
+    ``mask`` ``None`` for a tile no mask cuts."""
     s = lax.dot_general(q, k, TRANS_B, preferred_element_type=F32) * scale
     width = s.shape[1]
-    p = jnp.where(mask, jnp.exp(s - widen(lse, width)), 0.0)
+    p = jnp.exp(s - widen(lse, width))
+    p = p if mask is None else jnp.where(mask, p, 0.0)
     dp = lax.dot_general(do, v, TRANS_B, preferred_element_type=F32)
     return p, p * (dp - widen(di, width)) * scale

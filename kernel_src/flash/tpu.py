@@ -1,23 +1,28 @@
 """Flash attention for TPU (Mosaic): forward, dQ and dK/dV kernels, side by side.
 
-Layout. The contract layout ``[batch, seq, heads, head_dim]`` is viewed, by a free reshape, as
-``[batch, seq, heads * head_dim]``: one head's tile is the ``(block, head_dim)`` window at column
-block ``head``, so no transpose is needed, and grouped-query attention is the kv column block
-``head // group`` in a ``BlockSpec`` index map: K and V are read in place, never repeated.
+Layout. The kernels read and write the contract layout ``[batch, seq, heads, head_dim]`` as it
+is: a block is ``(rows, heads of the step, head_dim)``, its last two dims the heads and
+``head_dim`` that XLA's tiled TPU layout keeps together, so no relayout copy runs around a
+kernel (a reshape to ``[batch, seq, heads * head_dim]`` would be one on TPU). A grid step holds
+``plan.kv_head_block`` kv heads (all of them, or a multiple of 8) with their whole groups of
+query heads and walks them in a static loop: each K/V tile is fetched once for its group.
 
-Grids carry the accumulators across their last ("arbitrary") axes in VMEM scratch. Running
-row statistics (max, sum) are fp32 and lane-replicated ``[rows, 128]`` in VMEM; the log-sum-exp
-and ``di`` that go through HBM are lane-dense fp32 ``[batch, heads, 1, q_pad]`` (one float per
-row). The dK/dV kernel computes the transposed scores ``K·Qᵀ`` directly, so those rows broadcast
-along its lanes and neither ``P`` nor ``dS`` is ever transposed.
+Grids carry the accumulators across their last ("arbitrary") axes in VMEM scratch, one slot per
+head. Running row statistics (max, sum) are fp32 and lane-replicated ``[rows, 128]`` in VMEM; the
+log-sum-exp and ``di`` that go through HBM are lane-dense fp32 ``[batch, heads, 1, q_pad]`` (one
+float per row). The dQ kernel computes ``di = rowsum(dO ⊙ O)`` itself (reading ``O`` once per
+query block) and writes it for the dK/dV kernel, which computes the transposed scores ``K·Qᵀ``
+directly, so those rows broadcast along its lanes and neither ``P`` nor ``dS`` is transposed.
 A skipped grid step computes nothing (``pl.when``) and its index maps repeat the block of a
 computing step, so the pipeline issues no new DMA for it (the trick of JAX's flash and splash
-kernels). ``kv_lengths`` arrive by scalar prefetch (SMEM) for the index maps.
+kernels); a tile no mask cuts (``whole_tile``) skips the iota compares and ``where``s.
+``kv_lengths`` arrive by scalar prefetch (SMEM) for the index maps.
 """
 
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -26,9 +31,36 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernel_src import backend
-from kernel_src.flash.plan import (F32, LANES, TRANS_B, Plan, finish, first_query_block,
-                                   key_in_range, num_key_blocks, online_softmax_step,
-                                   score_grads, scores, visible_tile)
+from kernel_src.flash.plan import (F32, LANES, TRANS_B, VMEM_LIMIT, Plan, finish,
+                                   first_query_block, key_in_range, num_key_blocks,
+                                   online_softmax_step, score_grads, scores, visible_tile,
+                                   whole_tile)
+
+# Mosaic of jax < 0.7 (libtpu 0.0.17) cannot take one head out of a 16-bit ``(rows, heads, d)``
+# block for a matmul: ``ref[:, h, :]`` fails "infer-vector-layout: unsupported shape cast",
+# ``ref[:, pl.ds(h, 1), :]`` reshaped (through fp32 or not) "unsupported implicit dim change", a
+# value slice aborts the compiler and a DMA of ``ref.at[:, h, :]`` fails verification. There
+# the wrapper keeps the flat ``[batch, seq, heads * head_dim]`` view (a relayout copy on TPU) and
+# a head is the lane window ``[:, h * d:(h + 1) * d]`` of a ``(rows, heads * d)`` block.
+HEADS_IN_PLACE = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 7)
+
+
+def _load_head(ref, h: int, plan: Plan) -> jax.Array:
+    """Head ``h`` of a ``(rows, heads, d)`` block (``(rows, heads * d)`` in the flat view) as
+    ``[rows, d]``, in the block's dtype."""
+    if plan.flat_head_dim is None:
+        return ref[:, h, :]
+    d = plan.flat_head_dim
+    return ref[:, h * d:(h + 1) * d]
+
+
+def _store_head(ref, h: int, value: jax.Array, plan: Plan) -> None:
+    """Write fp32 ``value [rows, d]`` as head ``h`` of a block (see ``_load_head``)."""
+    if plan.flat_head_dim is None:
+        ref[:, h, :] = value.astype(ref.dtype)
+    else:
+        d = plan.flat_head_dim
+        ref[:, h * d:(h + 1) * d] = value.astype(ref.dtype)
 
 
 def _lanes(x: jax.Array, width: int) -> jax.Array:
@@ -44,7 +76,6 @@ def _lanes(x: jax.Array, width: int) -> jax.Array:
     return jnp.broadcast_to(x[:, :1], (x.shape[0], width))
 
 
-
 def _row(x: jax.Array) -> jax.Array:
     """Lane-replicated statistics ``[rows, 128]`` as one lane-dense row ``[1, rows]``."""
     return x.T[:1, :]
@@ -55,14 +86,30 @@ def _column(x: jax.Array) -> jax.Array:
     return jnp.broadcast_to(x, (LANES, x.shape[1])).T
 
 
+def _cut(x: jax.Array, whole, visible: Callable[[], jax.Array], fill: float) -> jax.Array:
+    """``x`` with ``fill`` where the tile's mask (``visible()``) is false; a tile no mask cuts
+    (``whole``) skips the iota compares and the ``where``. Only this small step is branched, so
+    the tile maths is compiled once."""
+    return lax.cond(whole, lambda x: x, lambda x: jnp.where(visible(), x, fill), x)
+
+
+def _each_head(heads, length, body) -> None:
+    """``body(h)`` for each static ``h``, each in its own region: a ``pl.when`` on ``length >= 0``
+    (always true: lengths are clipped to ``[0, kv_len]``). Mosaic then schedules one head's tile
+    maths at a time, which halves its compile time and the VMEM its temporaries take, against
+    one basic block holding every head of the step."""
+    for h in heads:
+        pl.when(length >= 0)(functools.partial(body, h))
+
+
 def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
                     num_k_blocks: int, with_lse: bool):
-    """Forward of one (batch, q head, query block, key block) grid step.
+    """Forward of one (batch, kv-head block, query block, key block) grid step.
 
-    lengths_ref: int32 ``[batch]`` key lengths (SMEM). q_ref: ``[block_q, head_dim]``; k_ref,
-    v_ref: ``[block_k, head_dim]`` of kv head ``q head // group``. o_ref: ``[block_q, head_dim]``
-    in the input dtype; then, ``with_lse`` only, lse_ref: fp32 ``[1, block_q]`` log-sum-exp. Scratch: fp32 running max and sum ``[block_q, 128]``, accumulator
-    ``[block_q, head_dim]``.
+    lengths_ref: int32 ``[batch]`` key lengths (SMEM). q_ref, o_ref: ``[block_q, q heads, d]``
+    (o in the input dtype); k_ref, v_ref: ``[block_k, kv heads, d]``; then, ``with_lse`` only,
+    lse_ref: fp32 ``[q heads, 1, block_q]``. Scratch per query head: fp32 running max and sum
+    ``[q heads, block_q, 128]``, accumulator ``[q heads, block_q, d]``.
     """
     lse_ref, (m_scratch, l_scratch, acc_scratch) = (refs[0], refs[1:]) if with_lse else (None, refs)
     b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -77,28 +124,36 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
 
     @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
     def _step():
-        mask = visible_tile(qi, ki, block_q, block_k, length, plan)
-        s = scores(q_ref[...], k_ref[...], mask, plan.scale)
-        m, l, acc = online_softmax_step(s, v_ref[...], m_scratch[...], l_scratch[...],
-                                         acc_scratch[...], _lanes)
-        m_scratch[...], l_scratch[...], acc_scratch[...] = m, l, acc
+        whole = whole_tile(qi, ki, block_q, block_k, length, plan)
+
+        def head(h: int):
+            j = h // plan.group  # its kv head in the block
+            s = scores(_load_head(q_ref, h, plan), _load_head(k_ref, j, plan), None, plan.scale)
+            s = _cut(s, whole, lambda: visible_tile(qi, ki, block_q, block_k, length, plan),
+                     -jnp.inf)
+            m, l, acc = online_softmax_step(s, _load_head(v_ref, j, plan), m_scratch[h],
+                                            l_scratch[h], acc_scratch[h], _lanes)
+            m_scratch[h], l_scratch[h], acc_scratch[h] = m, l, acc
+        _each_head(range(plan.q_head_block), length, head)
 
     @pl.when(ki == num_k_blocks - 1)
     def _store():
-        out, lse = finish(m_scratch[...], l_scratch[...], acc_scratch[...], _lanes)
-        o_ref[...] = out.astype(o_ref.dtype)
-        if with_lse:
-            lse_ref[...] = _row(lse)
+        for h in range(plan.q_head_block):
+            out, lse = finish(m_scratch[h], l_scratch[h], acc_scratch[h], _lanes)
+            _store_head(o_ref, h, out, plan)
+            if with_lse:
+                lse_ref[h] = _row(lse)
 
 
-def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref,
+def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref, di_ref,
                dq_scratch, lse_scratch, di_scratch, *, plan: Plan, num_k_blocks: int):
-    """dQ of one (batch, q head, query block, key block) grid step.
+    """dQ (and ``di``) of one (batch, kv-head block, query block, key block) grid step.
 
-    q_ref, do_ref: ``[block_q, head_dim]``; k_ref, v_ref: ``[block_k, head_dim]``; lse_ref,
-    di_ref: fp32 ``[1, block_q]``, turned once per query block into lane-replicated
-    ``[block_q, 128]`` scratch. dq_ref: ``[block_q, head_dim]`` in the input dtype, accumulated
-    over key blocks in fp32 ``dq_scratch``.
+    q_ref, do_ref, o_ref, dq_ref: ``[block_q, q heads, d]``; k_ref, v_ref:
+    ``[block_k, kv heads, d]``; lse_ref, di_ref: fp32 ``[q heads, 1, block_q]``. Once per query
+    block, lse becomes lane-replicated ``[block_q, 128]`` scratch and ``di = rowsum(dO ⊙ O)`` is
+    computed (fp32), kept likewise and written lane-dense for the dK/dV kernel. dq_ref in the
+    input dtype, accumulated over key blocks in fp32 ``dq_scratch [q heads, block_q, d]``.
     """
     b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     block_q, block_k = q_ref.shape[0], k_ref.shape[0]
@@ -107,56 +162,76 @@ def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dq_ref
     @pl.when(ki == 0)
     def _start():
         dq_scratch[...] = jnp.zeros(dq_scratch.shape, F32)
-        lse_scratch[...] = _column(lse_ref[...])
-        di_scratch[...] = _column(di_ref[...])
+        for h in range(plan.q_head_block):
+            lse_scratch[h] = _column(lse_ref[h])
+            di = jnp.sum(_load_head(o_ref, h, plan).astype(F32) * _load_head(do_ref, h, plan).astype(F32),
+                         axis=1, keepdims=True)
+            di_scratch[h] = jnp.broadcast_to(di, (block_q, LANES))
+            di_ref[h] = _row(di_scratch[h])
 
     @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
     def _step():
-        k = k_ref[...]
-        mask = visible_tile(qi, ki, block_q, block_k, length, plan)
-        _, ds = score_grads(q_ref[...], k, v_ref[...], do_ref[...], lse_scratch[...],
-                            di_scratch[...], mask, plan.scale, _lanes)
-        dq_scratch[...] += lax.dot(ds.astype(k.dtype), k, preferred_element_type=F32)
+        whole = whole_tile(qi, ki, block_q, block_k, length, plan)
+
+        def head(h: int):
+            j = h // plan.group
+            k = _load_head(k_ref, j, plan)
+            _, ds = score_grads(_load_head(q_ref, h, plan), k, _load_head(v_ref, j, plan),
+                                _load_head(do_ref, h, plan), lse_scratch[h], di_scratch[h], None,
+                                plan.scale, _lanes)
+            ds = _cut(ds, whole, lambda: visible_tile(qi, ki, block_q, block_k, length, plan),
+                      0.0)  # dS = P (dP - di): zero where P is
+            dq_scratch[h] += lax.dot(ds.astype(k.dtype), k, preferred_element_type=F32)
+        _each_head(range(plan.q_head_block), length, head)
 
     @pl.when(ki == num_k_blocks - 1)
     def _store():
-        dq_ref[...] = dq_scratch[...].astype(dq_ref.dtype)
+        for h in range(plan.q_head_block):
+            _store_head(dq_ref, h, dq_scratch[h], plan)
 
 
 def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref,
-                       dk_scratch, dv_scratch, *, plan: Plan, num_q_blocks: int):
-    """dK and dV of one (batch, kv head, key block, head in group, query block) grid step.
+                dk_scratch, dv_scratch, *, plan: Plan, num_q_blocks: int):
+    """dK and dV of one (batch, kv-head block, key block, query block) grid step.
 
-    The query heads of a kv head's group are the second-to-last grid axis, so their
-    contributions add up in the fp32 scratch: K and V are never repeated. q_ref, do_ref:
-    ``[block_q, head_dim]`` of q head ``kv head * group + g``; k_ref, v_ref, dk_ref, dv_ref:
-    ``[block_k, head_dim]``; lse_ref, di_ref: fp32 ``[1, block_q]``. Scores are computed
-    transposed, ``[block_k, block_q]``, so ``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` are plain matmuls.
+    Each kv head's group of query heads is walked inside the step, their contributions adding
+    up in the fp32 scratch ``[kv heads, block_k, d]``: K and V are never repeated. q_ref,
+    do_ref: ``[block_q, q heads, d]``; k_ref, v_ref, dk_ref, dv_ref: ``[block_k, kv heads, d]``;
+    lse_ref, di_ref: fp32 ``[q heads, 1, block_q]``. Scores are computed transposed,
+    ``[block_k, block_q]``, so ``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` are plain matmuls.
     """
-    b, ki, g, qi = pl.program_id(0), pl.program_id(2), pl.program_id(3), pl.program_id(4)
+    b, ki, qi = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     block_q, block_k = q_ref.shape[0], k_ref.shape[0]
     length = lengths_ref[b]
 
-    @pl.when((g == 0) & (qi == 0))
+    @pl.when(qi == 0)
     def _start():
         dk_scratch[...] = jnp.zeros(dk_scratch.shape, F32)
         dv_scratch[...] = jnp.zeros(dv_scratch.shape, F32)
 
     @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
     def _step():
-        q, do = q_ref[...], do_ref[...]
-        mask_t = visible_tile(qi, ki, block_q, block_k, length, plan, transposed=True)
-        s_t = lax.dot_general(k_ref[...], q, TRANS_B, preferred_element_type=F32) * plan.scale
-        p_t = jnp.where(mask_t, jnp.exp(s_t - lse_ref[...]), 0.0)  # [block_k, block_q]
-        dp_t = lax.dot_general(v_ref[...], do, TRANS_B, preferred_element_type=F32)
-        ds_t = p_t * (dp_t - di_ref[...]) * plan.scale
-        dv_scratch[...] += lax.dot(p_t.astype(do.dtype), do, preferred_element_type=F32)
-        dk_scratch[...] += lax.dot(ds_t.astype(q.dtype), q, preferred_element_type=F32)
+        whole = whole_tile(qi, ki, block_q, block_k, length, plan)
 
-    @pl.when((g == plan.group - 1) & (qi == num_q_blocks - 1))
+        def head(h: int):
+            j = h // plan.group
+            q, do = _load_head(q_ref, h, plan), _load_head(do_ref, h, plan)
+            s_t = lax.dot_general(_load_head(k_ref, j, plan), q, TRANS_B,
+                                  preferred_element_type=F32) * plan.scale
+            p_t = _cut(jnp.exp(s_t - lse_ref[h]), whole,  # [block_k, block_q]
+                       lambda: visible_tile(qi, ki, block_q, block_k, length, plan,
+                                            transposed=True), 0.0)
+            dp_t = lax.dot_general(_load_head(v_ref, j, plan), do, TRANS_B, preferred_element_type=F32)
+            ds_t = p_t * (dp_t - di_ref[h]) * plan.scale
+            dv_scratch[j] += lax.dot(p_t.astype(do.dtype), do, preferred_element_type=F32)
+            dk_scratch[j] += lax.dot(ds_t.astype(q.dtype), q, preferred_element_type=F32)
+        _each_head(range(plan.q_head_block), length, head)
+
+    @pl.when(qi == num_q_blocks - 1)
     def _store():
-        dk_ref[...] = dk_scratch[...].astype(dk_ref.dtype)
-        dv_ref[...] = dv_scratch[...].astype(dv_ref.dtype)
+        for j in range(plan.kv_head_block):
+            _store_head(dk_ref, j, dk_scratch[j], plan)
+            _store_head(dv_ref, j, dv_scratch[j], plan)
 
 
 def _visible_pairs(plan: Plan) -> int:
@@ -186,133 +261,131 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, sem
     """The pallas_call of ``kernel``, declaring ``matmuls`` products per visible pair."""
 
     def call(lengths, *arrays):
-        d = arrays[0].shape[2] // plan.num_q_heads
         return pl.pallas_call(
             kernel,
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
                 scratch_shapes=[pltpu.VMEM(shape, F32) for shape in scratch]),
             out_shape=out_shape,
-            compiler_params=pltpu.CompilerParams(dimension_semantics=semantics),
-            cost_estimate=_least_cost(plan, matmuls, d, (lengths, *arrays), out_shape),
+            compiler_params=pltpu.CompilerParams(dimension_semantics=semantics,
+                                                 vmem_limit_bytes=VMEM_LIMIT),
+            cost_estimate=_least_cost(plan, matmuls, _head_dim(arrays[0], plan), (lengths, *arrays),
+                                      out_shape),
             interpret=plan.interpret,
         )(lengths, *arrays)
     return backend.compiled_call(("tpu",), call, plan.interpret)
 
 
 def query_side_maps(plan: Plan, block_q: int, block_k: int):
-    """Index maps of the (batch, q head, qi, ki) grids: query tiles, and K/V tiles clamped so a
-    skipped key block re-uses the last needed one (no DMA)."""
+    """Index maps of the (batch, kv-head block, qi, ki) grids: query-side tiles (the kv-head
+    block's query heads), and K/V tiles clamped so a skipped key block re-uses the last needed
+    one (no DMA)."""
 
-    def q_map(b, h, qi, ki, lengths):
-        return b, qi, h
+    def q_map(b, j, qi, ki, lengths):
+        return b, qi, j, 0
 
-    def kv_map(b, h, qi, ki, lengths):
+    def kv_map(b, j, qi, ki, lengths):
         n = num_key_blocks(qi, lengths[b], block_q, block_k, plan)
-        return b, jnp.minimum(ki, jnp.maximum(n - 1, 0)), lax.div(h, plan.group)
+        return b, jnp.minimum(ki, jnp.maximum(n - 1, 0)), j, 0
 
     return q_map, kv_map
 
 
 def key_side_maps(plan: Plan, block_q: int, block_k: int, num_q_blocks: int):
-    """Index maps of the dK/dV grid (batch, kv head, ki, g, qi): K/V tiles, and query-side tiles
-    where a skipped step fetches the tile the next needed step uses (no extra DMA)."""
+    """Index maps of the dK/dV grid (batch, kv-head block, ki, qi): K/V tiles, and query-side
+    tiles where a skipped step fetches the tile the next needed step uses (no extra DMA)."""
 
-    def q_map(b, h, ki, g, qi, lengths):
-        length = lengths[b]
-        in_range = key_in_range(ki, length, block_k)
+    def q_map(b, j, ki, qi, lengths):
+        in_range = key_in_range(ki, lengths[b], block_k)
         first = first_query_block(ki, block_q, block_k, num_q_blocks, plan)
-        qi = jnp.where(in_range, jnp.maximum(qi, first), num_q_blocks - 1)
-        g = jnp.where(in_range, g, plan.group - 1)
-        return b, qi, h * plan.group + g
+        return b, jnp.where(in_range, jnp.maximum(qi, first), num_q_blocks - 1), j, 0
 
-    def kv_map(b, h, ki, g, qi, lengths):
-        return b, ki, h
+    def kv_map(b, j, ki, qi, lengths):
+        return b, ki, j, 0
 
     return q_map, kv_map
 
 
-def _stat_spec(q_map, block_q: int) -> pl.BlockSpec:
-    """Lane-dense row statistics ``[batch, heads, 1, q_pad]`` at the tile ``q_map`` reads."""
+def _head_dim(x: jax.Array, plan: Plan) -> int:
+    return x.shape[3] if plan.flat_head_dim is None else plan.flat_head_dim
+
+
+def _specs(plan: Plan, q_map, kv_map, block_q: int, block_k: int, head_dim: int):
+    """BlockSpecs of the query-side tiles ``(block_q, q heads, d)``, K/V-side tiles
+    ``(block_k, kv heads, d)`` (flat view: ``(rows, heads * d)``) and lane-dense statistics
+    ``(q heads, 1, block_q)`` of a step."""
+    q_heads, kv_heads = plan.q_head_block, plan.kv_head_block
 
     def stat_map(*indices):
-        b, qi, h = q_map(*indices)
-        return b, h, 0, qi
-    return pl.BlockSpec((None, None, 1, block_q), stat_map)
+        b, qi, j, _ = q_map(*indices)
+        return b, j, 0, qi
+    stat = pl.BlockSpec((None, q_heads, 1, block_q), stat_map)
+    if plan.flat_head_dim is None:
+        return (pl.BlockSpec((None, block_q, q_heads, head_dim), q_map),
+                pl.BlockSpec((None, block_k, kv_heads, head_dim), kv_map), stat)
+
+    def flat(index_map):
+        return lambda *indices: index_map(*indices)[:3]
+    return (pl.BlockSpec((None, block_q, q_heads * head_dim), flat(q_map)),
+            pl.BlockSpec((None, block_k, kv_heads * head_dim), flat(kv_map)), stat)
 
 
 def forward(q, k, v, lengths, plan: Plan, with_lse: bool = True):
-    """``(out [b, q_pad, hq*d], lse [b, hq, 1, q_pad] fp32)`` from ``[b, seq_pad, heads*d]``.
+    """``(out [b, q_pad, hq, d], lse [b, hq, 1, q_pad] fp32)`` from ``[b, seq_pad, heads, d]``
+    (flat view: ``[b, seq_pad, heads * d]`` in and out).
 
     ``with_lse=False`` (a forward-only call) writes no log-sum-exp: lse is ``None``.
     """
-    batch, q_pad, _ = q.shape
+    batch, q_pad, d = q.shape[0], q.shape[1], _head_dim(q, plan)
     kv_pad = k.shape[1]
-    d = q.shape[2] // plan.num_q_heads
     bq, bk = plan.blocks.block_q, plan.blocks.block_k
-    grid = (batch, plan.num_q_heads, q_pad // bq, kv_pad // bk)
-    q_map, kv_map = query_side_maps(plan, bq, bk)
+    q_heads = plan.kv_head_block * plan.group
+    grid = (batch, plan.num_kv_heads // plan.kv_head_block, q_pad // bq, kv_pad // bk)
+    q_spec, kv_spec, stat_spec = _specs(plan, *query_side_maps(plan, bq, bk), bq, bk, d)
     kernel = functools.partial(_forward_kernel, plan=plan, num_k_blocks=grid[3],
                                with_lse=with_lse)
-    out_specs = [pl.BlockSpec((None, bq, d), q_map), _stat_spec(q_map, bq)]
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((batch, plan.num_q_heads, 1, q_pad), F32)]
     results = _call(
-        kernel, grid,
-        in_specs=[pl.BlockSpec((None, bq, d), q_map), pl.BlockSpec((None, bk, d), kv_map),
-                  pl.BlockSpec((None, bk, d), kv_map)],
-        out_specs=out_specs[:1 + with_lse], out_shape=out_shape[:1 + with_lse],
-        scratch=[(bq, LANES), (bq, LANES), (bq, d)], plan=plan,
+        kernel, grid, in_specs=[q_spec, kv_spec, kv_spec],
+        out_specs=[q_spec, stat_spec][:1 + with_lse], out_shape=out_shape[:1 + with_lse],
+        scratch=[(q_heads, bq, LANES), (q_heads, bq, LANES), (q_heads, bq, d)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=2,
     )(lengths, q, k, v)
     return (results[0], results[1] if with_lse else None)
 
 
-def _backward_kernels(q, k, v, lengths, lse, di, do, plan: Plan):
-    """``(dq, dk, dv)`` in the layouts of ``q, k, v``; lse and di fp32 ``[b, hq, 1, q_pad]``."""
-    batch, q_pad, _ = q.shape
+def backward(q, k, v, lengths, out, lse, do, plan: Plan):
+    """``(dq, dk, dv)`` in the layouts of ``q, k, v`` from the forward's ``out`` and ``lse``
+    (fp32 ``[b, hq, 1, q_pad]``); ``di`` comes from the dQ kernel, so no XLA op runs between."""
+    batch, q_pad, d = q.shape[0], q.shape[1], _head_dim(q, plan)
     kv_pad = k.shape[1]
-    d = q.shape[2] // plan.num_q_heads
-    blocks = plan.blocks
+    blocks, kv_blocks = plan.blocks, plan.num_kv_heads // plan.kv_head_block
+    q_heads, kv_heads = plan.kv_head_block * plan.group, plan.kv_head_block
 
     bq, bk = blocks.block_q_dq, blocks.block_k_dq
-    grid = (batch, plan.num_q_heads, q_pad // bq, kv_pad // bk)
-    q_map, kv_map = query_side_maps(plan, bq, bk)
-    q_spec, stat_spec = pl.BlockSpec((None, bq, d), q_map), _stat_spec(q_map, bq)
-    kv_spec = pl.BlockSpec((None, bk, d), kv_map)
-    dq = _call(
+    grid = (batch, kv_blocks, q_pad // bq, kv_pad // bk)
+    q_spec, kv_spec, stat_spec = _specs(plan, *query_side_maps(plan, bq, bk), bq, bk, d)
+    dq, di = _call(
         functools.partial(_dq_kernel, plan=plan, num_k_blocks=grid[3]), grid,
-        in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec], out_specs=q_spec,
-        out_shape=jax.ShapeDtypeStruct(q.shape, q.dtype),
-        scratch=[(bq, d), (bq, LANES), (bq, LANES)], plan=plan,
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, q_spec, stat_spec],
+        out_specs=[q_spec, stat_spec],
+        out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(lse.shape, F32)],
+        scratch=[(q_heads, bq, d), (q_heads, bq, LANES), (q_heads, bq, LANES)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=3,
-    )(lengths, q, k, v, do, lse, di)
+    )(lengths, q, k, v, do, out, lse)
 
     bq, bk = blocks.block_q_dkv, blocks.block_k_dkv
     num_q_blocks = q_pad // bq
-    grid = (batch, plan.num_kv_heads, kv_pad // bk, plan.group, num_q_blocks)
-    q_map, kv_map = key_side_maps(plan, bq, bk, num_q_blocks)
-    q_spec, stat_spec = pl.BlockSpec((None, bq, d), q_map), _stat_spec(q_map, bq)
-    kv_spec = pl.BlockSpec((None, bk, d), kv_map)
+    grid = (batch, kv_blocks, kv_pad // bk, num_q_blocks)
+    q_spec, kv_spec, stat_spec = _specs(plan, *key_side_maps(plan, bq, bk, num_q_blocks),
+                                        bq, bk, d)
     dk, dv = _call(
         functools.partial(_dkv_kernel, plan=plan, num_q_blocks=num_q_blocks), grid,
         in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec],
         out_specs=[kv_spec, kv_spec],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        scratch=[(bk, d), (bk, d)], plan=plan,
-        semantics=("parallel", "parallel", "parallel", "arbitrary", "arbitrary"), matmuls=4,
+        scratch=[(kv_heads, bk, d), (kv_heads, bk, d)], plan=plan,
+        semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=4,
     )(lengths, q, k, v, do, lse, di)
     return dq, dk, dv
-
-
-
-def backward(q, k, v, lengths, out, lse, do, plan: Plan):
-    """``(dq, dk, dv)`` in the layouts of ``q, k, v`` from the forward's ``out`` and ``lse``.
-
-    ``di = rowsum(dO ⊙ O)`` per (row, head), fp32, lane-dense like ``lse``: one XLA reduction.
-    """
-    batch, q_pad, _ = q.shape
-    di = jnp.sum(out.astype(F32).reshape(batch, q_pad, plan.num_q_heads, -1)
-                 * do.astype(F32).reshape(batch, q_pad, plan.num_q_heads, -1), axis=-1)
-    di = di.transpose(0, 2, 1).reshape(lse.shape)  # [b, q_pad, hq] -> [b, hq, 1, q_pad]
-    return _backward_kernels(q, k, v, lengths, lse, di, do, plan)
