@@ -13,6 +13,7 @@ run in its worker process.
 
 from __future__ import annotations
 
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -73,84 +74,203 @@ def xla_dot_product_attention(q, k, v, *, causal=False, kv_lengths=None, scale=N
 
 
 # --------------------------------------------------------------------------------------------------
-# Pallas TPU kernels of jax.experimental.pallas.ops.tpu, in TPU interpret mode (set for the whole
-# process: the rubric runs each candidate in a worker process of its own).
+# Pallas TPU kernels of jax.experimental.pallas.ops.tpu, interpreted on the CPU (splash: interpret=True;
+# flash: TPU interpret mode, set once for the process: the rubric runs each candidate in a worker of
+# its own).
+#
+# Layout only, chosen so that one compiled program serves many problems (an interpreted kernel costs
+# seconds to compile and milliseconds to run): every (batch, head) pair becomes a row of a leading axis
+# padded to a power of two (at least ROWS), query rows are padded to 128 x a power of two and keys to 256 x one, head_dim to
+# whole 128-lane tiles; one block per sequence. The padding is exact: zero query/key/value columns add
+# exact zero terms to every dot product and are dropped, padded query rows are dropped (and get a zero
+# cotangent), padded keys carry segment 0, padded rows attend to zero keys and are dropped.
+
+LANES = 128  # the TPU kernels' blocks are whole 128-lane tiles
+ROWS = 16    # smallest leading (batch x head) extent, so the quick level's shapes share programs
+
+
+def _ladder(n: int, smallest: int) -> int:
+    """``smallest`` x the least power of two that reaches ``n``."""
+    size = smallest
+    while size < n:
+        size *= 2
+    return size
+
+
+def _pad(x: jax.Array, axis: int, front: int, total: int) -> jax.Array:
+    """``front`` zeros before, zeros after until the axis has ``total`` entries."""
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (front, total - front - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def _geometry(q_len: int, kv_len: int, causal: bool) -> tuple[int, int, int, int]:
+    """``(pad_q, pad_k, lq, lk)``. The field's causal masks are top-left (or offset-free), so under
+    causal the shorter side is padded at the front until both are equally long (top-left is then
+    bottom-right); both are then padded at the back to ``lq`` (128 x a power of two) and ``lk`` (256 x a power of two:
+    the quick level's short and 136-key problems then share programs)."""
+    pad_q = max(kv_len - q_len, 0) if causal else 0
+    pad_k = max(q_len - kv_len, 0) if causal else 0
+    return pad_q, pad_k, _ladder(q_len + pad_q, LANES), _ladder(kv_len + pad_k, 2 * LANES)
+
+
+def _kv_segments(batch: int, kv_len: int, kv_lengths, pad_k: int, lk: int) -> jax.Array:
+    """Int32 ``[batch, lk]``: 1 on real keys before ``kv_lengths[b]``, 0 on padding (front, back, past the length)."""
+    lengths = jnp.full((batch,), kv_len) if kv_lengths is None else jnp.asarray(kv_lengths)
+    j = jnp.arange(lk)[None, :] - pad_k
+    return ((j >= 0) & (j < lengths[:, None])).astype(jnp.int32)
+
+
+def _rows(x: jax.Array, seq_axis: int, front: int, length: int, rows: int, lanes: int) -> jax.Array:
+    """Pad a row-major array ``[n, ..., seq, head_dim]``: rows to ``rows``, the sequence, head_dim to ``lanes``."""
+    x = _pad(x, 0, 0, rows)
+    x = _pad(x, seq_axis, front, length)
+    return _pad(x, x.ndim - 1, 0, lanes)
+
+
+def _pad_segments(kv_seg: jax.Array, rows: int) -> jax.Array:
+    """Padded rows see every (zero) key: finite, and dropped."""
+    return jnp.concatenate([kv_seg, jnp.ones((rows - kv_seg.shape[0], kv_seg.shape[1]), jnp.int32)])
+
+
+_INTERPRET_SET = []
+
 
 def _tpu_interpret() -> None:
+    """TPU interpret mode for every pallas_call of this process, set once, before the first trace (set
+    inside a trace it would change the jit key between the first and second call)."""
     import jax.experimental.pallas.tpu as pltpu
 
     if not hasattr(pltpu, "set_tpu_interpret_mode"):
         raise RuntimeError(f"jax {jax.__version__} has no pltpu.set_tpu_interpret_mode (TPU interpret mode)")
-    pltpu.set_tpu_interpret_mode()
+    if not _INTERPRET_SET:
+        pltpu.set_tpu_interpret_mode()
+        _INTERPRET_SET.append(True)
 
 
-def _pad(x: jax.Array, axis: int, front: int = 0, multiple: int = 1) -> jax.Array:
-    """``front`` zeros before, then zeros after until the axis is a multiple of ``multiple``."""
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (front, -(x.shape[axis] + front) % multiple)
-    return jnp.pad(x, pad)
-
-
-LANES = 128  # the TPU kernels' blocks are whole 128-lane tiles; the padding is masked or dropped
-
-
-@jit_contract
 def pallas_tpu_flash(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-    """``pallas.ops.tpu.flash_attention``: head-major layout, K/V heads repeated over their query group
-    (it has no grouped heads), padding keys as segment 0. Its causal mask is top-left, so the shorter
-    side is padded at the front until both are equally long (top-left is then bottom-right), then both
-    are padded at the back to whole 128-row tiles; padded query rows are dropped and padded keys carry
-    segment 0. One block per sequence."""
-    from jax.experimental.pallas.ops.tpu import flash_attention as fa
-
+    """``pallas.ops.tpu.flash_attention`` in TPU interpret mode: each (batch, query head) its own row
+    with its kv head repeated (it has no grouped heads), padding keys as segment 0, its own causal mask
+    on the front-padded square (``_geometry``), its own ``sm_scale``."""
     _tpu_interpret()
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    rows = _flash_layout(q, k, v, kv_lengths, causal=bool(causal))
+    out = _flash_rows(*rows, bool(causal), scale)  # [rows, 1, lq, lanes]
+    return _flash_unlayout(out, kv_lengths, causal=bool(causal), q_shape=q.shape, kv_shape=k.shape)
+
+
+@functools.partial(jax.jit, static_argnames=("causal",))
+def _flash_layout(q, k, v, kv_lengths, *, causal: bool):
     batch, q_len, hq, d = q.shape
     kv_len, hk = k.shape[1], k.shape[2]
-    scale = d ** -0.5 if scale is None else scale
-    visible = _visible(q_len, kv_len, batch, causal, kv_lengths)
-    pad_q = max(kv_len - q_len, 0) if causal else 0
-    pad_k = max(q_len - kv_len, 0) if causal else 0
-    qh = _pad(jnp.transpose(q, (0, 2, 1, 3)), 2, pad_q, LANES)
-    kh, vh = (_pad(jnp.transpose(jnp.repeat(x, hq // hk, axis=2), (0, 2, 1, 3)), 2, pad_k, LANES) for x in (k, v))
-    lq, lk = qh.shape[2], kh.shape[2]
-    lengths = jnp.full((batch,), kv_len) if kv_lengths is None else jnp.asarray(kv_lengths)
-    j = jnp.arange(lk)[None, :] - pad_k
-    kv_seg = ((j >= 0) & (j < lengths[:, None])).astype(jnp.int32)
-    segment_ids = fa.SegmentIds(q=jnp.ones((batch, lq), jnp.int32), kv=kv_seg)
-    blocks = fa.BlockSizes(block_q=lq, block_k_major=lk, block_k=lk, block_b=1,
+    pad_q, pad_k, lq, lk = _geometry(q_len, kv_len, causal)
+    n, lanes = batch * hq, -(-d // LANES) * LANES
+    rows = _ladder(n, ROWS)
+    qr = _rows(jnp.transpose(q, (0, 2, 1, 3)).reshape(n, 1, q_len, d), 2, pad_q, lq, rows, lanes)
+    kr, vr = (_rows(jnp.transpose(jnp.repeat(x, hq // hk, axis=2), (0, 2, 1, 3)).reshape(n, 1, kv_len, d),
+                    2, pad_k, lk, rows, lanes) for x in (k, v))
+    kv_seg = _pad_segments(jnp.repeat(_kv_segments(batch, kv_len, kv_lengths, pad_k, lk), hq, axis=0), rows)
+    return qr, kr, vr, kv_seg
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "q_shape", "kv_shape"))
+def _flash_unlayout(out, kv_lengths, *, causal: bool, q_shape, kv_shape):
+    batch, q_len, hq, d = q_shape
+    pad_q = _geometry(q_len, kv_shape[1], causal)[0]
+    out = out[:batch * hq, 0, pad_q:pad_q + q_len, :d].reshape(batch, hq, q_len, d)
+    return _zero_empty_rows(jnp.transpose(out, (0, 2, 1, 3)), _visible(q_len, kv_shape[1], batch, causal, kv_lengths))
+
+
+@functools.partial(jax.jit, static_argnums=(4, 5))
+def _flash_kernel(q, k, v, kv_seg, causal: bool, scale: float):
+    """The kernel alone on padded rows ``[rows, 1, seq, lanes]``, all rows in one block (one grid step:
+    the TPU interpreter's cost is per step): compiled once per padded shape and flags (the layout before
+    and after is compiled apart, so problems of different shapes share this program)."""
+    from jax.experimental.pallas.ops.tpu import flash_attention as fa
+
+    b, lq, lk = q.shape[0], q.shape[2], k.shape[2]
+    segment_ids = fa.SegmentIds(q=jnp.ones((b, lq), jnp.int32), kv=kv_seg)
+    blocks = fa.BlockSizes(block_q=lq, block_k_major=lk, block_k=lk, block_b=b,
                            block_q_major_dkv=lq, block_k_major_dkv=lk, block_k_dkv=lk, block_q_dkv=lq,
                            block_k_major_dq=lk, block_k_dq=lk, block_q_dq=lq)
-    out = fa.flash_attention(qh, kh, vh, segment_ids=segment_ids, causal=causal, sm_scale=scale, block_sizes=blocks)
-    out = jnp.transpose(out[:, :, pad_q:pad_q + q_len], (0, 2, 1, 3))
-    return _zero_empty_rows(out, visible)
+    return fa.flash_attention(q, k, v, segment_ids=segment_ids, causal=causal, sm_scale=scale, block_sizes=blocks)
 
 
-@jit_contract
+@functools.partial(jax.jit, static_argnums=(5, 6))
+def _flash_kernel_vjp(q, k, v, kv_seg, g, causal: bool, scale: float):
+    """dQ, dK, dV of ``_flash_kernel`` (its own custom backward), compiled once per padded shape and flags."""
+    return jax.vjp(lambda q, k, v: _flash_kernel(q, k, v, kv_seg, causal, scale), q, k, v)[1](g)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5))
+def _flash_rows(q, k, v, kv_seg, causal: bool, scale: float):
+    """``_flash_kernel`` whose backward is the kernel's own, through a jitted function: calling jax.vjp
+    on the kernel directly traces and compiles its backward anew on every call."""
+    return _flash_kernel(q, k, v, kv_seg, causal, scale)
+
+
+def _flash_rows_fwd(q, k, v, kv_seg, causal, scale):
+    return _flash_kernel(q, k, v, kv_seg, causal, scale), (q, k, v, kv_seg)
+
+
+def _flash_rows_bwd(causal, scale, saved, g):
+    q, k, v, kv_seg = saved
+    return (*_flash_kernel_vjp(q, k, v, kv_seg, g, causal, scale), None)
+
+
+_flash_rows.defvjp(_flash_rows_fwd, _flash_rows_bwd)
+
+
 def pallas_tpu_splash(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-    """``pallas.ops.tpu.splash_attention`` (interpret=True): its own bottom-right causal mask
-    (``CausalMask`` with offset kv_len - q_len), padding keys as segment 0, native grouped heads (the
-    multi-query kernel per kv head). It takes no scale: q is scaled first, in float32 and rounded once
-    to the input dtype, as models using it do."""
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
-    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+    """``pallas.ops.tpu.splash_attention`` (interpret=True): each (batch, kv head) a row of the
+    multi-query kernel with its query group (native grouped heads; the group padded to a power of two
+    with zero query heads), padding keys as segment 0, its own causal mask on the front-padded square
+    (``_geometry``). It takes no scale: q is scaled first, in float32 and rounded once to the input
+    dtype, as models using it do."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    rows = _splash_layout(q, k, v, kv_lengths, jnp.float32(scale), causal=bool(causal))
+    out = _splash_rows(*rows, bool(causal))  # [rows, heads, lq, lanes]
+    return _splash_unlayout(out, kv_lengths, causal=bool(causal), q_shape=q.shape, kv_shape=k.shape)
 
+
+@functools.partial(jax.jit, static_argnames=("causal",))
+def _splash_layout(q, k, v, kv_lengths, scale, *, causal: bool):
     batch, q_len, hq, d = q.shape
     kv_len, hk = k.shape[1], k.shape[2]
     group = hq // hk
-    scale = d ** -0.5 if scale is None else scale
-    visible = _visible(q_len, kv_len, batch, causal, kv_lengths)
-    lq, lk = -(-q_len // LANES) * LANES, -(-kv_len // LANES) * LANES  # whole tiles; padding masked or dropped
-    one = sm.CausalMask((lq, lk), offset=kv_len - q_len) if causal else sm.FullMask((lq, lk))
+    pad_q, pad_k, lq, lk = _geometry(q_len, kv_len, causal)
+    n, heads, lanes = batch * hk, _ladder(group, 4), -(-d // LANES) * LANES
+    rows = _ladder(n, ROWS // 2)
+    qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    qg = jnp.transpose(qs.reshape(batch, q_len, hk, group, d), (0, 2, 3, 1, 4)).reshape(n, group, q_len, d)
+    qg = _rows(_pad(qg, 1, 0, heads), 2, pad_q, lq, rows, lanes)  # [rows, heads, lq, lanes]
+    kg, vg = (_rows(jnp.transpose(x, (0, 2, 1, 3)).reshape(n, kv_len, d), 1, pad_k, lk, rows, lanes)
+              for x in (k, v))  # [rows, lk, lanes]
+    kv_seg = _pad_segments(jnp.repeat(_kv_segments(batch, kv_len, kv_lengths, pad_k, lk), hk, axis=0), rows)
+    return qg, kg, vg, kv_seg
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "q_shape", "kv_shape"))
+def _splash_unlayout(out, kv_lengths, *, causal: bool, q_shape, kv_shape):
+    batch, q_len, hq, d = q_shape
+    hk = kv_shape[2]
+    pad_q = _geometry(q_len, kv_shape[1], causal)[0]
+    out = out[:batch * hk, :hq // hk, pad_q:pad_q + q_len, :d].reshape(batch, hk, hq // hk, q_len, d)
+    out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(batch, q_len, hq, d)
+    return _zero_empty_rows(out, _visible(q_len, kv_shape[1], batch, causal, kv_lengths))
+
+
+@functools.partial(jax.jit, static_argnums=(4,))
+def _splash_rows(q, k, v, kv_seg, causal: bool):
+    """The multi-query kernel alone on padded rows (q ``[rows, heads, lq, lanes]``, k, v ``[rows, lk,
+    lanes]``): compiled once per padded shape and flags (see ``_flash_rows``)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    heads, lq, lk = q.shape[1], q.shape[2], k.shape[1]
+    one = sm.CausalMask((lq, lk)) if causal else sm.FullMask((lq, lk))
     blocks = sk.BlockSizes(block_q=lq, block_kv=lk, block_kv_compute=lk, block_q_dkv=lq,
                            block_kv_dkv=lk, block_kv_dkv_compute=lk, block_q_dq=lq, block_kv_dq=lk)
-    kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask([one] * group), block_sizes=blocks, interpret=True)
-    qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
-    qg = _pad(jnp.transpose(qs.reshape(batch, q_len, hk, group, d), (0, 2, 3, 1, 4)), 3, 0, LANES)
-    kg, vg = (_pad(jnp.transpose(x, (0, 2, 1, 3)), 2, 0, LANES) for x in (k, v))  # [b, hk, lk, d]
-    lengths = jnp.full((batch,), kv_len) if kv_lengths is None else jnp.asarray(kv_lengths)
-    seg = sk.SegmentIds(q=jnp.ones((batch, lq), jnp.int32),
-                        kv=(jnp.arange(lk)[None, :] < lengths[:, None]).astype(jnp.int32))
-    per_kv_head = jax.vmap(kernel, in_axes=(0, 0, 0, None))
-    out = jax.vmap(per_kv_head, in_axes=(0, 0, 0, 0))(qg, kg, vg, seg)  # [b, hk, group, q_len, d]
-    out = jnp.transpose(out[:, :, :, :q_len], (0, 3, 1, 2, 4)).reshape(batch, q_len, hq, d).astype(q.dtype)
-    return _zero_empty_rows(out, visible)
+    kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask([one] * heads), block_sizes=blocks, interpret=True)
+    seg = sk.SegmentIds(q=jnp.ones((q.shape[0], lq), jnp.int32), kv=kv_seg)
+    return jax.vmap(kernel)(q, k, v, seg)
