@@ -62,7 +62,14 @@ TARGETS = {t.name: t for t in (
 # Lines are compared with surrounding whitespace stripped.
 _DENOM = ("the softmax denominator is 0 (no visible key) or >= 1 (the row max contributes exp(0) = 1 and the "
           "other terms are >= 0), so `> 0` and `> 1` pick the same divisor")
+_EMPTY = ("e is exactly 0 on every key of a row whose denominator is 0 (no visible key), so any nonzero divisor "
+          "there gives the same exact zeros")
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    ("grading/oracle.py", "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 0, denom, 2.0)"): _EMPTY,
+    ("grading/oracle.py", "return e / np.where(denom > 0, denom, 1.0)",
+     "return e / np.where(denom > 0, denom, 2.0)"): _EMPTY,
+    ("kernel_src/reference.py", "return p / jnp.where(denom > 0, denom, 1.0)",
+     "return p / jnp.where(denom > 0, denom, 2.0)"): _EMPTY,
     ("grading/oracle.py", "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 1, denom, 1.0)"): _DENOM,
     ("grading/oracle.py", "return e / np.where(denom > 0, denom, 1.0)",
      "return e / np.where(denom > 1, denom, 1.0)"): _DENOM,
