@@ -27,10 +27,27 @@ KERNELS = {"softmax": (1, 2), "attention": (1, 2), "flash": (1, 3)}
 
 
 def _pallas_cases():
+    """The profile's Pallas cases; a flash case whose Mosaic tiles and heads per step an earlier
+    (shorter) case already compiled is skipped with that reason: the kernels' code is the same,
+    only the grid differs, and each such compile costs minutes of this 2-core machine."""
     if _REASON is not None:
         return []
+    from kernel_src.flash.plan import tpu_tiles
+
     cases, _ = build_cases(PROFILE, ("softmax", "attention", "flash"), platform="cpu")
-    return [c for c in cases if c.implementation in ("pallas", "flash")]
+    chosen, seen = [], {}
+    for case in (c for c in cases if c.implementation in ("pallas", "flash")):
+        if case.scope == "flash":
+            s = case.shape
+            config = tpu_tiles(s["q_len"], s["kv_len"], s["num_q_heads"], s["num_kv_heads"],
+                               s["head_dim"], case.abstract_args[0].dtype.itemsize)
+            if config in seen:
+                chosen.append(pytest.param(case, marks=pytest.mark.skip(
+                    reason=f"same Mosaic tiles and heads per step as {seen[config]}")))
+                continue
+            seen[config] = case.case_id
+        chosen.append(case)
+    return chosen
 
 
 def _tpu_program(case):
@@ -59,7 +76,8 @@ def _kernel_count(fn, args) -> int:
     return len(facts["kernels"])
 
 
-@pytest.mark.parametrize("case", _pallas_cases(), ids=lambda c: c.case_id)
+@pytest.mark.parametrize("case", _pallas_cases(),
+                         ids=lambda c: getattr(c, "case_id", None))
 def test_profile_case_compiles_for_v5e(case):
     args = compiled.on_v5e(case.abstract_args)
     forward, both = KERNELS[case.scope]
@@ -90,7 +108,27 @@ def _attention_softmax(case):
 
 
 def _sharded_seq_lens():
-    return PROFILE.seq_lens_for("sharded") if _REASON is None else ()
+    """The profile's sharded lengths; one whose per-chip Mosaic tiles and heads per step an
+    earlier length already compiled is skipped with that reason (as in ``_pallas_cases``)."""
+    if _REASON is not None:
+        return ()
+    from kernel_src import sharded
+    from kernel_src.flash.plan import tpu_tiles
+
+    mesh = sharded.attention_mesh(PROFILE.batch, PROFILE.num_kv_heads,
+                                  compiled.v5e_devices("v5e:2x4"))
+    n_heads = mesh.devices.shape[1]
+    chosen, seen = [], {}
+    for seq in PROFILE.seq_lens_for("sharded"):
+        config = tpu_tiles(seq, seq, PROFILE.num_q_heads // n_heads,
+                           PROFILE.num_kv_heads // n_heads, PROFILE.head_dim, 2)
+        if config in seen:
+            chosen.append(pytest.param(seq, marks=pytest.mark.skip(
+                reason=f"same per-chip Mosaic tiles and heads per step as seq {seen[config]}")))
+            continue
+        seen[config] = seq
+        chosen.append(seq)
+    return chosen
 
 
 @pytest.mark.parametrize("seq", _sharded_seq_lens())
