@@ -99,6 +99,45 @@ def _numbers(detail: str) -> list[float]:
 
 
 # --------------------------------------------------------------------------------------------------
+# Cheap first (the mutation run stops at the first failure).
+
+def test_each_check_is_worth_its_published_points_and_they_add_up_to_100():
+    assert sum(spec.points for spec in C.CHECKS) + C.FINITE.points == 100
+    assert {spec.name: spec.points for spec in C.CHECKS} == {
+        "output-shape-dtype": 5, "forward-accuracy": 12, "gradients": 12, "causal-leak": 8, "padding-leak": 8,
+        "empty-rows": 8, "mask-readout": 8, "gqa-mapping": 8, "large-logits": 6, "peaky-attention": 5, "scale": 5,
+        "determinism": 5, "fresh-inputs": 6}
+class _BuildOnly(InProcessRunner):
+    """Stops a check at its first call: the problems are built (and cached), nothing is computed."""
+
+    def forward(self, p, **kw):
+        raise C.CandidateFailure("built")
+
+    vjp = forward
+
+
+def test_causal_leak_always_protects_a_row_from_future_keys():
+    """Over many seeds, every causal-leak problem changes only keys in the future of at least one row
+    (a cut at or before the first row's last visible key would protect nothing)."""
+    saved = dict(C._CACHE)
+    try:
+        for seed in range(100, 164):
+            ctx = C.Context(_BuildOnly(reference), seed, level="quick")
+            try:
+                SPECS["causal-leak"].run(ctx)
+            except C.CandidateFailure:
+                pass
+            for p, changed, rows, cut in C._CACHE[(seed, "quick", "causal-leak")]:
+                assert rows.any(), (seed, p.label, cut)
+                i_last = int(np.flatnonzero(rows[0])[-1])
+                assert cut > i_last + p.offset and cut >= 1, (seed, p.label, cut)
+                assert not np.array_equal(changed.host("k"), p.host("k"))
+    finally:
+        C._CACHE.clear()
+        C._CACHE.update(saved)
+
+
+# --------------------------------------------------------------------------------------------------
 # The reference passes each check, with the detail each promises.
 
 PASS_DETAIL = {
@@ -335,32 +374,3 @@ def test_peaky_rows_have_one_dominant_key():
         assert np.median(top[np.broadcast_to(rows, top.shape)]) > 0.9
         assert np.array_equal(p.host("v"), np.rint(p.host("v")))
 
-
-class _BuildOnly(InProcessRunner):
-    """Stops a check at its first call: the problems are built (and cached), nothing is computed."""
-
-    def forward(self, p, **kw):
-        raise C.CandidateFailure("built")
-
-    vjp = forward
-
-
-def test_causal_leak_always_protects_a_row_from_future_keys():
-    """Over many seeds, every causal-leak problem changes only keys in the future of at least one row
-    (a cut at or before the first row's last visible key would protect nothing)."""
-    saved = dict(C._CACHE)
-    try:
-        for seed in range(100, 164):
-            ctx = C.Context(_BuildOnly(reference), seed, level="quick")
-            try:
-                SPECS["causal-leak"].run(ctx)
-            except C.CandidateFailure:
-                pass
-            for p, changed, rows, cut in C._CACHE[(seed, "quick", "causal-leak")]:
-                assert rows.any(), (seed, p.label, cut)
-                i_last = int(np.flatnonzero(rows[0])[-1])
-                assert cut > i_last + p.offset and cut >= 1, (seed, p.label, cut)
-                assert not np.array_equal(changed.host("k"), p.host("k"))
-    finally:
-        C._CACHE.clear()
-        C._CACHE.update(saved)
