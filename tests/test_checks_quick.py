@@ -90,6 +90,12 @@ def _drops_last_head(q, k, v, *, causal=False, kv_lengths=None, scale=None):
 
 
 @jit_contract
+def _adds_a_head(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    out = reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+    return jnp.concatenate([out, out[:, :, :1]], axis=2)
+
+
+@jit_contract
 def _ignores_scale(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     return reference(q, k, v, causal=causal, kv_lengths=kv_lengths)
 
@@ -220,6 +226,7 @@ def test_output_shape_dtype():
             "dtype bfloat16 (contract: the output has q's shape and dtype)")
     bad = _failed("output-shape-dtype", _drops_last_head, "returned shape (", "(contract: the output has q's shape")
     assert bad.detail.count("expected shape") == 3  # all three calls, joined
+    _failed("output-shape-dtype", _adds_a_head, "returned shape (", "(contract: the output has q's shape")
 
 
 def test_forward_accuracy():
