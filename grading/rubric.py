@@ -20,6 +20,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from grading import checks as C
+from grading import tripwire
 from grading.candidates import Candidate, resolve
 from grading.runner import DEFAULT_TIME_LIMIT_S, Runner
 from grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
@@ -66,6 +67,7 @@ class Scorecard:
     seed: int = 0
     level: str = "full"  # which problem set graded it: "full" or "quick" (grading.problems)
     verdicts: dict = field(default_factory=dict, repr=False)  # check name -> tolerance verdicts (for power)
+    tampered: bool = False  # the candidate changed files the grader runs (grading.tripwire): stop grading
 
     @property
     def passed(self) -> bool:
@@ -119,6 +121,7 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     this returns.
     """
     cand = resolve(candidate)
+    before = tripwire.snapshot()
     runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb)
     cards = []
     try:
@@ -132,7 +135,18 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
             cards.append(_run_checks(runner, cand, seed, level))
     finally:
         runner.close()
+    found = tripwire.changes(before, tripwire.snapshot())
+    if found:  # after close(): every process of the candidate is dead, so nothing changes after this look
+        why = (f"the candidate changed files the grader and its workers run ({tripwire.describe(found)}); "
+               f"no later grade from this installation can be trusted until they are restored")
+        for card in cards:
+            card.error, card.tampered = why, True
     return cards
+
+
+def _not_graded(candidate: str | Candidate, why: str, seed: int, level: str) -> Scorecard:
+    cand = resolve(candidate)
+    return Scorecard(cand.name, cand.kind, _all_failed(f"not run: {why}"), error=why, seed=seed, level=level)
 
 
 def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str) -> Scorecard:
@@ -171,11 +185,17 @@ def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: st
               memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> list[Scorecard]:
     """``grade`` each candidate in turn, each in its own worker (tqdm progress bar when ``progress``).
 
-    When this returns, no process any candidate started is alive."""
+    When this returns, no process any candidate started is alive. A candidate that changed files the
+    grader runs (``grading.tripwire``) fails, and every candidate after it gets a "not graded" scorecard."""
     bar = tqdm(list(candidates), desc="rubric", unit="candidate", disable=not progress)
-    cards = []
+    cards, tampered_by = [], None
     for cand in bar:
         name = cand.name if isinstance(cand, Candidate) else str(cand)
         bar.set_postfix_str(name)
+        if tampered_by is not None:
+            cards.append(_not_graded(cand, f"not graded: {tampered_by}", seed, level))
+            continue
         cards.append(grade(cand, seed=seed, level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb))
+        if cards[-1].tampered:
+            tampered_by = f"an earlier candidate ({cards[-1].candidate}) changed files the grader runs"
     return cards
