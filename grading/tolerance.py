@@ -66,8 +66,15 @@ the same figures come from ``tpu-kernel-rubric --power --seeds 2 --candidate NAM
 online-softmax needed 4.69 (seed 0) and 12.6 (seed 1, rejected): autodiff through its scan summed dQ per
 16-key chunk in bfloat16, an accumulation in the input dtype the contract forbids, invisible at the old
 toy shapes; it now computes on fp32 copies and needs k <= 1.0 on that seed-1 problem.
-All under the constants, which stay as they are; two seeds are not a calibration, and
-``tpu-kernel-rubric --power --seeds 200`` (then ``--first-seed 2000`` held out) is still owed. Without the
+All under the constants, which stay as they are. Re-measured with the final grader (the sweep behind the
+grader-power record in ``data/``: ``tpu-kernel-rubric --power --seeds 2`` over every non-kernel built-in,
+full level, seeds 0 and 1): needed k forward / gradient, largest of both seeds: reference 1 / 1,
+rounded-probs 2.1 / 2.57, online-softmax 1 / 2.57, flash-style 1.49 / 2.47, per-head-dkv 1.49 / 2.47;
+0 of 10 correct trials rejected, 52 of 52 known-bad trials rejected. Two seeds are not a calibration:
+``python scripts/calibrate.py --seeds 200`` (calibration seeds 0..199, held-out 1000..1199, resumable;
+``--report`` prints this table) is still owed: at 1-2.5 minutes per candidate and seed on a loaded
+2-core CPU (that sweep's ``seconds_per_trial``: 74-148 s), 400 seeds of five candidates are days here.
+Without the
 logit-scaled floor, flash-style's dV at the needle keys needed k ~ 80 (its P recomputed from the saved
 log-sum-exp is off by ~|logit| eps where the reference is exact); without the grouped baseline,
 per-head-dkv's dK/dV needed up to 3.8 at 8 query heads per kv head (1.0-2.1 with it; tests/test_rubric.py
