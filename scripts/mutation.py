@@ -52,7 +52,7 @@ TARGETS = {t.name: t for t in (
     Target("tolerance", "grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
     Target("truth", "grading/oracle.py", ("tests/test_truth.py",), 20),
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
-    Target("checks", "grading/checks.py", ("tests/test_checks_quick.py",), 20),
+    Target("checks", "grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_checks_quick.py"), 20),
     Target("rules", "builder/rules.py", ("tests/test_rule_refusals.py", "tests/test_rule_refusals_compiled_tpu.py"), 20),
     Target("derive", "builder/derive.py", ("tests/test_rule_refusals.py", "tests/test_verify.py"), 8),
     Target("verify", "builder/verify.py", ("tests/test_verify.py",), 8),
