@@ -50,6 +50,9 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--seed", type=int, default=0, help="inputs, bootstrap CIs and the rubric (default 0)")
     p.add_argument("--power-seeds", type=_count(0), default=0, metavar="N",
                    help="seeds for the rubric's grader-power summary (default 0: none)")
+    p.add_argument("--known-bad", action=argparse.BooleanOptionalAction, default=None,
+                   help="also grade every known-bad built-in at the quick level, about 10 s each on a "
+                        "2-core CPU (default: yes, except the tiny profile)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary table")
     p.set_defaults(func=_measure)
 
@@ -59,7 +62,7 @@ def _measure(args: argparse.Namespace) -> int:
 
     out = run_measure(args.out, profile=args.profile, warmups=args.warmups, samples=args.samples,
                       scopes=args.scopes, seed=args.seed, power_seeds=args.power_seeds,
-                      progress=not args.quiet)
+                      known_bad=args.known_bad, progress=not args.quiet)
     print(out)
     return 0
 

@@ -28,6 +28,9 @@ INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say n
 PEAK_MEMORY_NOTE = ("peak_memory_bytes is the backend's high-water mark (memory_stats) of the devices a "
                     "case used since the process started, read after the case: an upper bound, not "
                     "that case's own peak.")
+KNOWN_BAD_SKIPPED_NOTE = ("The known-bad built-ins were not graded in this run (profile {profile}, or "
+                          "--no-known-bad); the release's grader-power record shows the rubric rejecting "
+                          "each of them on every seed.")
 RUNS_DIR = Path("runs")
 
 
@@ -64,7 +67,7 @@ def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
           known_bad: Sequence[str] | None = None, kernel_level: str = "full") -> list[dict[str, Any]]:
     """Scorecards of ``kernels`` at the full level and of the known-bad candidates (default: every
-    built-in one) at the quick level, each candidate in its own worker process; every scorecard says
+    built-in one; ``()``: none) at the quick level, each candidate in its own worker process; every scorecard says
     its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
     kernels' verdict is the one that counts, so it gets the model-sized problems.
 
@@ -94,7 +97,7 @@ def _power(power_seeds: int, progress: bool) -> dict[str, Any] | None:
 
 def run_measure(out: Path | None = None, *, profile: str | None = None, warmups: int | None = None,
                 samples: int | None = None, scopes: Sequence[str] | None = None, seed: int = 0,
-                power_seeds: int = 0, progress: bool = True) -> Path:
+                power_seeds: int = 0, known_bad: bool | None = None, progress: bool = True) -> Path:
     """Measure the kernels on this machine and write one run folder; return its path.
 
     Args:
@@ -106,6 +109,8 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
         defaults when ``None``.
       seed: inputs, bootstrap resampling and the rubric.
       power_seeds: seeds for the rubric's grader-power summary; 0 records ``power: null``.
+      known_bad: also grade every known-bad built-in (quick level); the profile's
+        ``grade_known_bad`` when ``None``. Skipping them is said in the run's notes.
       progress: tqdm bars while running and the summary table after.
 
     Raises:
@@ -127,8 +132,11 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
 
     bench = run_benchmark(prof, scopes, warmups=warmups, samples=samples, seed=seed, progress=progress)
     measured, kernels = measured_candidates(prof, scopes)
-    scorecards = grade(kernels, seed=seed, progress=progress)
+    known_bad = prof.grade_known_bad if known_bad is None else known_bad
+    scorecards = grade(kernels, seed=seed, progress=progress, known_bad=None if known_bad else ())
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes
+    if not known_bad:
+        notes.append(KNOWN_BAD_SKIPPED_NOTE.format(profile=prof.name))
     if any(c["peak_memory_bytes"] is not None for c in bench.cases):
         notes.append(PEAK_MEMORY_NOTE)
     documents = {

@@ -255,7 +255,7 @@ def test_real_tiny_cpu_run_builds_with_allow_interpret(tmp_path, monkeypatch):
     # Grading the Pallas kernel in interpret mode takes minutes on a CPU: grade cheap candidates instead,
     # as tests/test_measure_run.py does; the benchmark itself is real.
     grade = run_module.grade
-    monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress: grade(
+    monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None: grade(
         ["reference"], seed=seed, progress=progress, known_bad=["zeros"]))
     monkeypatch.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
     run = run_module.run_measure(tmp_path / "tiny", profile="tiny", warmups=1, samples=2, scopes=["softmax"],

@@ -24,13 +24,13 @@ HAS_RUBRIC = importlib.util.find_spec("grading.rubric") is not None
 REAL_GRADE = run_module.grade
 
 
-def _stub_scorecards(kernels, *, seed, progress):
+def _stub_scorecards(kernels, *, seed, progress, known_bad=None):
     check = {"name": "stub", "passed": True, "points": 1, "max_points": 1, "detail": "measure.rubric missing"}
     return [{"candidate": k, "kind": "kernel", "passed": True, "score": 1, "max_score": 1, "checks": [check]}
             for k in kernels]
 
 
-def _quick_real_grade(kernels, *, seed, progress):
+def _quick_real_grade(kernels, *, seed, progress, known_bad=None):
     """The real rubric on cheap candidates: grading Pallas in interpret mode takes minutes on this
     CPU, too long for a unit test. The candidate choice itself is tested on its own below."""
     return REAL_GRADE(["reference"], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick")
@@ -307,3 +307,19 @@ def test_measured_kernels_are_graded_at_the_full_level_and_known_bad_at_quick(mo
     cards = run_module.grade(["pallas"], seed=3, progress=False, known_bad=["zeros", "ignores-causal"])
     assert asked == {"pallas": "full", "zeros": "quick", "ignores-causal": "quick"}
     assert [c["level"] for c in cards] == ["full", "quick", "quick"]
+
+
+@pytest.mark.parametrize("profile, flag, expect_known_bad", [
+    ("tiny", None, ()), ("tiny", True, None), ("cpu", None, None), ("cpu", False, ())])
+def test_known_bad_grading_follows_the_profile_unless_told_and_a_skip_is_noted(
+        tmp_path, run, monkeypatch, profile, flag, expect_known_bad):
+    bench = run["benchmark"]
+    monkeypatch.setattr(run_module, "run_benchmark", lambda *a, **k: BenchmarkResult(
+        cases=[dict(c) for c in bench["cases"]], pairs=list(bench["pairs"])))
+    asked = []
+    monkeypatch.setattr(run_module, "grade", lambda kernels, **kw: asked.append(kw["known_bad"])
+                        or run["correctness"]["scorecards"])
+    folder = run_module.run_measure(tmp_path / "k", profile=profile, known_bad=flag, progress=False)
+    notes = rawio.read_run(folder)["environment"]["notes"] or ""
+    assert asked == [expect_known_bad]
+    assert ("known-bad built-ins were not graded" in notes) == (expect_known_bad == ())
