@@ -51,8 +51,8 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--power-seeds", type=_count(0), default=0, metavar="N",
                    help="seeds for the rubric's grader-power summary (default 0: none)")
     p.add_argument("--known-bad", action=argparse.BooleanOptionalAction, default=None,
-                   help="also grade every known-bad built-in at the quick level, about 10 s each on a "
-                        "2-core CPU (default: yes, except the tiny profile)")
+                   help="also grade every known-bad built-in at the quick level, about 20 s each on a "
+                        "2-core CPU (default: yes on the tpu-v5e and gpu profiles, no on cpu and tiny)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary table")
     p.set_defaults(func=_measure)
 

@@ -310,7 +310,7 @@ def test_measured_kernels_are_graded_at_the_full_level_and_known_bad_at_quick(mo
 
 
 @pytest.mark.parametrize("profile, flag, expect_known_bad", [
-    ("tiny", None, ()), ("tiny", True, None), ("cpu", None, None), ("cpu", False, ())])
+    ("tiny", None, ()), ("tiny", True, None), ("cpu", None, ()), ("gpu", None, None), ("gpu", False, ())])
 def test_known_bad_grading_follows_the_profile_unless_told_and_a_skip_is_noted(
         tmp_path, run, monkeypatch, profile, flag, expect_known_bad):
     bench = run["benchmark"]
@@ -319,7 +319,8 @@ def test_known_bad_grading_follows_the_profile_unless_told_and_a_skip_is_noted(
     asked = []
     monkeypatch.setattr(run_module, "grade", lambda kernels, **kw: asked.append(kw["known_bad"])
                         or run["correctness"]["scorecards"])
-    folder = run_module.run_measure(tmp_path / "k", profile=profile, known_bad=flag, progress=False)
+    folder = run_module.run_measure(tmp_path / "k", profile=profile, known_bad=flag, scopes=["softmax"],
+                                    progress=False)
     notes = rawio.read_run(folder)["environment"]["notes"] or ""
     assert asked == [expect_known_bad]
     assert ("known-bad built-ins were not graded" in notes) == (expect_known_bad == ())
