@@ -6,7 +6,7 @@ forward alone and the forward + backward (the VJP's gradients, given an output c
 each compiled program:
 
 * bytes outside the kernels: read + write bytes of the XLA ops around the Pallas kernels
-  (relayout copies, the backward's ``di``), parsed from the optimized HLO;
+  (relayout copies, padding, the clip of kv_lengths), parsed from the optimized HLO;
 * the kernels' least traffic and FLOPs: what their ``pl.CostEstimate`` declares (every operand
   read once, every result written once; matmul FLOPs over the causally visible pairs);
 * VMEM: the most scoped VMEM any one kernel reserves;
@@ -143,7 +143,7 @@ def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str)
             f"| {_num(r['flash_over_xla'], 1, 3)} |")
     lines += ["", "How to read it:", "",
               "- *outside kernels*: read + write bytes of the XLA ops the flash program runs "
-              "around its Pallas kernels (relayout copies, padding, the backward's `di`), from "
+              "around its Pallas kernels (relayout copies, padding, the clip of kv_lengths), from "
               "the optimized HLO; XLA's prefetches of kernel operands into VMEM are left out.",
               "- *kernels' least traffic* and *GFLOP*: what the kernels declare with "
               "`pl.CostEstimate`: each operand read once and each result written once; matmul "
