@@ -1,6 +1,7 @@
 """The static performance plan: flash attention and the XLA reference compiled for TPU v5e.
 
-For each sequence length of a profile's ``flash`` scope, ``flash_attention`` and
+For each sequence length of a profile's ``flash`` scope, and each of its model-sized shapes where the
+benchmark also runs the XLA reference (``plan_shapes``), ``flash_attention`` and
 ``reference_attention`` are compiled for one v5e chip (``bench.compiled``; no TPU needed), the
 forward alone and the forward + backward (the VJP's gradients, given an output cotangent). From
 each compiled program:
@@ -21,13 +22,13 @@ All of it is the compiler's plan: predicted, not measured. A measured TPU record
 from __future__ import annotations
 
 import datetime
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from bench import compiled, roofline
-from bench.cases import get_profile, kv_lengths_for
+from bench.cases import MODEL_SCOPES, get_profile, kv_lengths_for
 
 LABEL = ("Predicted by the TPU compiler, not measured: programs compiled for a TPU v5e by libtpu "
          "on a machine without a TPU (nothing ran).")
@@ -58,11 +59,51 @@ def _floor_ms(flops: float, nbytes: float, peak: roofline.Peak) -> float:
     return 1e3 * max(flops / peak.flops_per_s, nbytes / peak.bytes_per_s)
 
 
-def plan_row(profile_name: str, seq: int, mode: str) -> dict[str, Any]:
-    """One row of the plan: both programs compiled at ``seq`` for ``mode`` (``fwd``/``fwd+bwd``)."""
+class Shape(NamedTuple):
+    """One plan row's problem: ``scope`` is ``flash`` (the profile's flash scope) or a model scope."""
+
+    scope: str
+    batch: int
+    seq: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mode: str
+
+
+def plan_shapes(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = None,
+                modes: Iterable[str] = MODES) -> list[Shape]:
+    """Every shape the plan compiles: the profile's ``flash`` scope at each of its sequence lengths (or
+    ``seq_lens``), then its model-sized shapes (``bench.cases.ModelShapes``) wherever the benchmark
+    also runs the XLA reference there (``ModelShapes.xla_fits``: elsewhere it needs more HBM than a
+    v5e has, and there is no ratio to predict). ``seq_lens`` restricts both."""
+    modes = list(modes)
+    for mode in modes:
+        if mode not in MODES:
+            raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
     profile = get_profile(profile_name)
-    batch = profile.batch_for("flash", seq)
-    hq, hk, d = profile.num_q_heads, profile.num_kv_heads, profile.head_dim
+    wanted = None if seq_lens is None else set(seq_lens)
+    shapes = [Shape("flash", profile.batch_for("flash", seq), seq, profile.num_q_heads, profile.num_kv_heads,
+                    profile.head_dim, mode)
+              for seq in (seq_lens or profile.seq_lens_for("flash")) for mode in modes]
+    model = profile.model
+    if model is not None:
+        for hq, hk in model.heads:
+            for seq in model.seq_lens:
+                for mode, scope in zip(MODES, MODEL_SCOPES):
+                    if mode in modes and (wanted is None or seq in wanted) and model.xla_fits(scope, hq, seq):
+                        shapes.append(Shape(scope, model.batch, seq, hq, hk, model.head_dim, mode))
+    return shapes
+
+
+def plan_row(profile_name: str, seq: int, mode: str, shape: Shape | None = None) -> dict[str, Any]:
+    """One row of the plan: both programs compiled at ``shape`` (default: the profile's flash scope at
+    ``seq``, batch as the benchmark runs it) for ``mode`` (``fwd``/``fwd+bwd``)."""
+    profile = get_profile(profile_name)
+    if shape is None:
+        shape = Shape("flash", profile.batch_for("flash", seq), seq, profile.num_q_heads,
+                      profile.num_kv_heads, profile.head_dim, mode)
+    batch, seq, hq, hk, d = shape.batch, shape.seq, shape.num_q_heads, shape.num_kv_heads, shape.head_dim
     dtype = jnp.dtype(profile.dtype)
     q = compiled.struct((batch, seq, hq, d), dtype)
     kv = compiled.struct((batch, seq, hk, d), dtype)
@@ -81,7 +122,7 @@ def plan_row(profile_name: str, seq: int, mode: str) -> dict[str, Any]:
     flash_floor = _floor_ms(kernel_flops, kernel_bytes + flash["outside_bytes"], peak)
     xla_floor = _floor_ms(xla["flops"], xla["bytes_accessed"], peak)
     return dict(
-        seq=seq, batch=batch, num_q_heads=hq, num_kv_heads=hk, head_dim=d, mode=mode,
+        scope=shape.scope, seq=seq, batch=batch, num_q_heads=hq, num_kv_heads=hk, head_dim=d, mode=mode,
         flash_outside_bytes=flash["outside_bytes"], flash_outside_ops=flash["outside_ops"],
         flash_kernel_bytes=None if undeclared else kernel_bytes,
         flash_kernel_flops=None if undeclared else kernel_flops,
@@ -97,19 +138,16 @@ def plan_row(profile_name: str, seq: int, mode: str) -> dict[str, Any]:
 def plan_rows(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = None,
               modes: Iterable[str] = MODES, progress: Callable[[str], None] | None = None
               ) -> list[dict[str, Any]]:
-    """Rows for every sequence length of the profile's ``flash`` scope (or ``seq_lens``)."""
+    """Rows for every shape of ``plan_shapes``."""
     reason = compiled.unavailable_reason()
     if reason is not None:
         raise ValueError(f"cannot compile for TPU v5e here: {reason}")
-    profile = get_profile(profile_name)
     rows = []
-    for seq in seq_lens or profile.seq_lens_for("flash"):
-        for mode in modes:
-            if mode not in MODES:
-                raise ValueError(f"unknown mode {mode!r}; choose from {MODES}")
-            if progress:
-                progress(f"compiling seq {seq} {mode}")
-            rows.append(plan_row(profile_name, seq, mode))
+    for shape in plan_shapes(profile_name, seq_lens, modes):
+        if progress:
+            progress(f"compiling {shape.scope} seq {shape.seq} heads {shape.num_q_heads}/{shape.num_kv_heads} "
+                     f"{shape.mode}")
+        rows.append(plan_row(profile_name, shape.seq, shape.mode, shape))
     return rows
 
 
@@ -125,17 +163,19 @@ def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str)
         f"**{LABEL}**", "",
         f"Written by `{command}` with jax {jax.__version__}, libtpu "
         f"{compiled.libtpu_version()}, on {datetime.date.today().isoformat()}. Shapes: "
-        f"{first.get('num_q_heads')} query / {first.get('num_kv_heads')} kv heads, head_dim "
-        f"{first.get('head_dim')}, bf16, causal, kv_lengths given (runtime values). Peaks: "
-        f"197 TFLOP/s bf16, 819 GB/s HBM.", "",
-        "| seq | batch | pass | outside kernels (MB) | kernels' least traffic (MB) | outside / "
+        f"as in the table, head_dim {first.get('head_dim')}, bf16, causal, kv_lengths given (runtime "
+        f"values); scope `flash` is the profile's flash scope, `model-*` its model-sized cases (only where "
+        f"the XLA reference fits a v5e's HBM, as in the benchmark). Peaks: 197 TFLOP/s bf16, 819 GB/s HBM.",
+        "",
+        "| scope | seq | batch | heads (q / kv) | pass | outside kernels (MB) | kernels' least traffic (MB) | outside / "
         "kernels | kernels' GFLOP | VMEM (MiB) | flash floor (ms) | XLA bytes (MB) | XLA GFLOP "
         "| XLA floor (ms) | flash / XLA |",
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in rows:
         lines.append(
-            f"| {r['seq']} | {r['batch']} | {r['mode']} | {_num(r['flash_outside_bytes'], _MB, 1)} "
+            f"| {r.get('scope', 'flash')} | {r['seq']} | {r['batch']} | {r['num_q_heads']} / {r['num_kv_heads']} "
+            f"| {r['mode']} | {_num(r['flash_outside_bytes'], _MB, 1)} "
             f"| {_num(r['flash_kernel_bytes'], _MB, 1)} | {_num(r['outside_over_kernel'], 1, 2)} "
             f"| {_num(r['flash_kernel_flops'], 1e9, 1)} | {_num(r['flash_vmem_bytes'], _MIB, 2)} "
             f"| {_num(r['flash_floor_ms'], 1, 3)} | {_num(r['xla_bytes'], _MB, 1)} "

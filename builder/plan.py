@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import roofline
+from bench.cases import MODEL_SCOPES
 from bench.plan import LABEL, MODES
 from records.rawio import RunError
 
@@ -30,6 +31,7 @@ SHAPE_KEYS = ("seq", "batch", "num_q_heads", "num_kv_heads", "head_dim")
 NUMBER_KEYS = ("flash_kernel_flops", "flash_kernel_bytes", "flash_outside_bytes", "xla_flops",
                "xla_bytes", "flash_floor_ms", "xla_floor_ms", "flash_over_xla")
 PROVENANCE = ("command", "jax", "libtpu", "date")
+SCOPES = ("flash", *MODEL_SCOPES)  # a row's scope; rows written before scopes existed are flash rows
 
 
 def _refuse(field: str, message: str) -> RunError:
@@ -65,6 +67,8 @@ def check_plan(doc: Any) -> None:
                 raise _refuse(f"{where}/{key}", f"{row.get(key)!r} is not a positive integer")
         if row.get("mode") not in MODES:
             raise _refuse(f"{where}/mode", f"{row.get('mode')!r} is not one of {MODES}")
+        if row.get("scope", "flash") not in SCOPES:
+            raise _refuse(f"{where}/scope", f"{row.get('scope')!r} is not one of {SCOPES}")
         for key in NUMBER_KEYS:
             value = row.get(key)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
@@ -122,11 +126,11 @@ def section(data_dir: Path) -> str:
              "Floors are roofline lower bounds `max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s)` of the compiled "
              "programs, not times; below 1 the compiler's plan favours flash. Once a TPU record of the flash "
              "kernel exists, its measured ratios (figure above) are the answer; these stay a prediction.", "",
-             "| seq | batch | heads (q / kv) | head_dim | pass | flash floor (ms) | XLA floor (ms) "
+             "| scope | seq | batch | heads (q / kv) | head_dim | pass | flash floor (ms) | XLA floor (ms) "
              "| flash / XLA (predicted) |",
-             "|---:|---:|---|---:|---|---:|---:|---:|"]
+             "|---|---:|---:|---|---:|---|---:|---:|---:|"]
     for r in doc["rows"]:
-        lines.append(f"| {r['seq']} | {r['batch']} | {r['num_q_heads']} / {r['num_kv_heads']} | {r['head_dim']} "
+        lines.append(f"| {r.get('scope', 'flash')} | {r['seq']} | {r['batch']} | {r['num_q_heads']} / {r['num_kv_heads']} | {r['head_dim']} "
                      f"| {r['mode']} | {_number(r.get('flash_floor_ms'), 3)} | {_number(r['xla_floor_ms'], 3)} "
                      f"| {_number(r.get('flash_over_xla'), 3)} |")
     return "\n".join(lines) + "\n"

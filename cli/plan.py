@@ -19,13 +19,15 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p = subparsers.add_parser(
         "plan", help="predict flash vs XLA on TPU v5e from compiled programs (no TPU needed)",
         description="Compile flash_attention and the XLA reference for a TPU v5e with libtpu (no "
-                    "TPU needed; nothing runs) at each sequence length of the profile, forward and "
+                    "TPU needed; nothing runs) at each sequence length of the profile's flash scope and "
+                    "each of its model-sized shapes where the XLA reference fits HBM, forward and "
                     "forward + backward, and write a Markdown table: bytes outside the kernels, "
                     "the kernels' declared least traffic and FLOPs, VMEM, roofline floors and the "
                     "flash / XLA ratio. Predicted by the compiler, not measured.")
     p.add_argument("--profile", default="tpu-v5e", help="benchmark profile (default tpu-v5e)")
     p.add_argument("--seq", type=int, nargs="+", metavar="N",
-                   help="sequence lengths (default: the profile's flash scope)")
+                   help="sequence lengths, of the flash scope and the model shapes alike (default: all of "
+                        "the profile's)")
     p.add_argument("--modes", nargs="+", choices=("fwd", "fwd+bwd"), default=["fwd", "fwd+bwd"])
     p.add_argument("--out", type=Path, metavar="FILE",
                    help="write the Markdown here (atomically); default standard output")

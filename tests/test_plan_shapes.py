@@ -1,0 +1,52 @@
+"""What the static v5e plan compiles (``bench.plan.plan_shapes``, no compiler needed) and the scope rule
+of the builder's plan check: every flash-scope length in both passes, and the model-sized shapes
+exactly where the benchmark also runs the XLA reference."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.cases import MODEL_SCOPES, get_profile
+from bench.plan import MODES, plan_shapes
+from builder.plan import check_plan
+from records.rawio import RunError
+
+
+def test_every_flash_length_and_every_model_shape_where_xla_fits():
+    profile = get_profile("tpu-v5e")
+    shapes = plan_shapes("tpu-v5e")
+    flash = {(s.seq, s.mode) for s in shapes if s.scope == "flash"}
+    assert flash == {(seq, mode) for seq in profile.seq_lens_for("flash") for mode in MODES}
+    model = profile.model
+    expected = {(scope, hq, hk, seq) for hq, hk in model.heads for seq in model.seq_lens
+                for scope in MODEL_SCOPES if model.xla_fits(scope, hq, seq)}
+    got = {(s.scope, s.num_q_heads, s.num_kv_heads, s.seq) for s in shapes if s.scope != "flash"}
+    assert got == expected and ("model-fwd", 16, 16, 4096) in got and ("model-fwd-bwd", 16, 16, 4096) not in got
+    assert all(s.mode == dict(zip(MODEL_SCOPES, MODES))[s.scope] for s in shapes if s.scope != "flash")
+    assert all(s.batch == model.batch and s.head_dim == model.head_dim for s in shapes if s.scope != "flash")
+
+
+def test_lengths_and_modes_restrict_both_parts():
+    shapes = plan_shapes("tpu-v5e", [2048], ["fwd"])
+    assert {(s.scope, s.num_q_heads, s.seq, s.mode) for s in shapes} == {
+        ("flash", 4, 2048, "fwd"), ("model-fwd", 32, 2048, "fwd"), ("model-fwd", 16, 2048, "fwd")}
+    assert all(s.scope == "flash" for s in plan_shapes("tiny"))
+    with pytest.raises(ValueError, match="unknown mode"):
+        plan_shapes("tpu-v5e", modes=["bwd"])
+
+
+def test_a_row_with_an_unknown_scope_is_refused():
+    from bench.plan import LABEL
+
+    row = dict(scope="model-bwd", seq=128, batch=8, num_q_heads=4, num_kv_heads=2, head_dim=128, mode="fwd",
+               xla_flops=1.0, xla_bytes=1.0, xla_floor_ms=1e3 / 819e9, flash_kernel_flops=None,
+               flash_kernel_bytes=None, flash_floor_ms=None, flash_over_xla=None, flash_outside_bytes=0)
+    with pytest.raises(RunError, match=r"rows/0/scope"):
+        check_plan(dict(label=LABEL, rows=[row]))
+    check_plan(dict(label=LABEL, rows=[{**row, "scope": "model-fwd", "xla_floor_ms": _xla_floor(row)}]))
+
+
+def _xla_floor(row):
+    from builder.plan import _floor_ms
+
+    return _floor_ms(row["xla_flops"], row["xla_bytes"])
