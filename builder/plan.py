@@ -20,7 +20,7 @@ from typing import Any
 
 from bench import roofline
 from bench.cases import MODEL_SCOPES
-from bench.plan import LABEL, MODES
+from bench.plan import LABEL, MODES, Shape, plan_shapes
 from records.rawio import RunError
 
 PLAN_FILE = "plan/tpu-v5e.json"  # relative to data/
@@ -107,6 +107,12 @@ def plan_bytes(doc: dict[str, Any]) -> bytes:
     return (json.dumps(doc, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
 
 
+def missing_shapes(doc: dict[str, Any], profile: str = "tpu-v5e") -> list[Shape]:
+    """The profile's plan shapes (``bench.plan.plan_shapes``) that no row of ``doc`` covers."""
+    have = {(r.get("scope", "flash"), r["seq"], r["num_q_heads"], r["num_kv_heads"], r["mode"]) for r in doc["rows"]}
+    return [s for s in plan_shapes(profile) if (s.scope, s.seq, s.num_q_heads, s.num_kv_heads, s.mode) not in have]
+
+
 def _number(value: float | None, digits: int) -> str:
     return "—" if value is None else f"{value:,.{digits}f}"
 
@@ -133,4 +139,10 @@ def section(data_dir: Path) -> str:
         lines.append(f"| {r.get('scope', 'flash')} | {r['seq']} | {r['batch']} | {r['num_q_heads']} / {r['num_kv_heads']} | {r['head_dim']} "
                      f"| {r['mode']} | {_number(r.get('flash_floor_ms'), 3)} | {_number(r['xla_floor_ms'], 3)} "
                      f"| {_number(r.get('flash_over_xla'), 3)} |")
+    missing = missing_shapes(doc)
+    if missing:
+        lines += ["", f"Not in this plan yet ({len(missing)} shape(s) of the profile, compiled by the same command "
+                      "since it was run): " + "; ".join(
+                          f"{m.scope} seq {m.seq} heads {m.num_q_heads} / {m.num_kv_heads} {m.mode}" for m in missing)
+                  + "."]
     return "\n".join(lines) + "\n"

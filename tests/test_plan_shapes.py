@@ -50,3 +50,29 @@ def _xla_floor(row):
     from builder.plan import _floor_ms
 
     return _floor_ms(row["xla_flops"], row["xla_bytes"])
+
+
+def test_the_card_names_the_profile_shapes_a_plan_lacks(tmp_path):
+    import json
+
+    from bench.plan import LABEL
+    from builder.plan import PLAN_FILE, missing_shapes, section
+
+    shapes = plan_shapes("tpu-v5e")
+    rows = []
+    for s in shapes[:-1]:
+        row = dict(scope=s.scope, seq=s.seq, batch=s.batch, num_q_heads=s.num_q_heads, num_kv_heads=s.num_kv_heads,
+                   head_dim=s.head_dim, mode=s.mode, xla_flops=1.0, xla_bytes=1.0, flash_kernel_flops=None,
+                   flash_kernel_bytes=None, flash_floor_ms=None, flash_over_xla=None, flash_outside_bytes=0)
+        rows.append({**row, "xla_floor_ms": _xla_floor(row)})
+    doc = dict(label=LABEL, rows=rows)
+    assert missing_shapes(doc) == [shapes[-1]]
+    (tmp_path / PLAN_FILE).parent.mkdir(parents=True)
+    (tmp_path / PLAN_FILE).write_text(json.dumps(doc))
+    text = section(tmp_path)
+    assert "Not in this plan yet (1 shape(s)" in text and "model-fwd seq 4096 heads 16 / 16 fwd" in text
+    last = shapes[-1]
+    full = rows + [{**rows[-1], "scope": last.scope, "seq": last.seq, "num_q_heads": last.num_q_heads,
+                    "num_kv_heads": last.num_kv_heads, "mode": last.mode}]
+    (tmp_path / PLAN_FILE).write_text(json.dumps({**doc, "rows": full}))
+    assert "Not in this plan yet" not in section(tmp_path)
