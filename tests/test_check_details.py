@@ -1,0 +1,62 @@
+"""Details of ``grading.checks`` that a count of passes cannot see: where the large-logits check puts its
+needles, and how the mask-readout check explains a leak under bottom-right causal masking (a row ahead
+of every key sees none; the others may see keys up to ``i + kv_len - q_len``)."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from grading import checks as C
+from grading.candidates import BUILTIN
+from grading.problems import Dims, draw_shapes, normal
+from tests.grading_inprocess import InProcessRunner
+
+
+def _spots(label: str) -> list[int]:
+    return [int(x) for x in re.search(r"needles b0:\[([\d, ]+)\]", label).group(1).split(",")]
+
+
+def test_needles_sit_past_the_first_512_keys_from_key_512_on():
+    """kv_len 641 leaves room past a split-KV kernel's first 512-key chunk: the needles start there, and
+    the chunk's first key, 512, is one of the places they may sit."""
+    p = normal(np.random.default_rng(0), Dims(1, 1, 641, 2, 1, 64), "float32")
+    seen = [j for t in range(300) for j in _spots(C._needles(p, np.random.default_rng(t)).label)]
+    assert min(seen) == 512 and max(seen) == 640
+
+
+def test_needles_are_keys_that_every_causal_row_sees():
+    """Causal, 16 queries on 700 keys: row 0 sees keys 0..684, so no needle lies past 684 (and some lie
+    close to it: the draw covers the whole visible range)."""
+    p = normal(np.random.default_rng(1), Dims(1, 16, 700, 2, 1, 64), "float32", causal=True)
+    seen = [j for t in range(60) for j in _spots(C._needles(p, np.random.default_rng(t)).label)]
+    assert max(seen) <= p.offset and max(seen) > p.offset - 30 and min(seen) >= 512
+
+
+def _seed_with_readout_offset(sign: int) -> int:
+    return next(s for s in range(100) if np.sign((d := draw_shapes(s)["readout"]).kv_len - d.q_len) == sign)
+
+
+@pytest.mark.parametrize("sign", [1, -1], ids=["keys-ahead", "queries-ahead"])
+def test_a_causal_leak_is_explained_by_the_row_it_happens_in(sign):
+    """ignores-causal leaks into row 0's future first. With more keys than queries row 0 may see keys up
+    to the offset; with more queries than keys it sees none, and the detail must say so (not quote a
+    negative last key)."""
+    seed = _seed_with_readout_offset(sign)
+    dims = draw_shapes(seed)["readout"]
+    offset = dims.kv_len - dims.q_len
+    runner = InProcessRunner(BUILTIN["ignores-causal"].load())
+    check = next(spec for spec in C.CHECKS if spec.name == "mask-readout")
+    outcome = check.run(C.Context(runner, seed, level="full"))
+    assert not outcome.passed
+    first = re.search(r"query \(b=\d+, i=(\d+), h=\d+\) gave probability [^ ]+ to key (\d+), which is ([^;]*)",
+                      outcome.detail)
+    i, j, why = int(first.group(1)), int(first.group(2)), first.group(3)
+    if i + offset >= 0:
+        assert f"bottom-right causal allows j <= {i + offset})" in why and j > i + offset
+    else:
+        assert "under bottom-right causal this row sees no key" in why and "allows j <=" not in why
+    assert sign < 0 or "sees no key" not in why
+    assert sign > 0 or i + offset < 0  # the first leak lies in a row that sees nothing
