@@ -203,7 +203,7 @@ def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode)
     assert 0 < row["flash_over_xla"] < 10
     text = plan.render_markdown([row], "tpu-v5e", "tpu-kernel-records plan --seq 128")
     assert "Predicted by the TPU compiler, not measured" in text
-    assert f"| 128 | 8 | {mode} |" in text
+    assert f"| flash | 128 | 8 | 4 / 2 | {mode} |" in text
 
 
 def test_plan_command_refuses_in_one_line_without_libtpu(monkeypatch, tmp_path, capsys):
