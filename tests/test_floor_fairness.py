@@ -6,7 +6,8 @@ in each probability, where the reference (normalising by the exact row sum) is n
 dominant key. At head_dim 256 with the explicit scale 0.3 (logits up to ~20) the draw below made the
 pure-JAX ``flash-style`` built-in need floor 1.8 (``L * eps``) with k = 6: the floor of 1 that the
 policy had rejected it (and the ``flash`` kernel, on the rubric's seed 2). This test fails if the floor
-goes back under what it needs, and shows that the needed floor is real (more than 1).
+goes back under what it needs, and (under jax 0.10, where the rejection was seen) shows that the need is
+real: more than 1.
 """
 
 from __future__ import annotations
@@ -30,5 +31,7 @@ def test_flash_style_backward_passes_at_large_float32_logits():
                 for i, (name, x, base) in enumerate(zip(("out", "dq", "dk", "dv"), got, p.baseline))]
     assert 15 < p.logit_max < 30
     needed = max(needed_floor(v) for v in verdicts)
-    assert 1.2 < needed < POLICY.floor_eps / 1.5, needed  # real (over 1), with room under the policy
+    assert needed < POLICY.floor_eps / 1.5, needed  # with room under the policy
     assert all(v.ok for v in verdicts), [v.describe() for v in verdicts if not v.ok]
+    if jax.__version_info__ >= (0, 10):  # jax 0.6.2's XLA:CPU rounds this draw more kindly (needs floor 0)
+        assert needed > 1.2, needed  # the need is real: the old floor of 1 rejected this correct candidate
