@@ -96,6 +96,12 @@ more draws). It cannot let a known-bad built-in through: the grader-power record
 with floor 1) gives each one's smallest passing floor, ``needed_floor_eps``: 1.3e4 or more for every one
 that a tolerance rejects (the rest fail exact checks: determinism, dtype).
 
+Re-swept with FLOOR_EPS = 4 (``tpu-kernel-rubric --power --seeds 2 --kernel-seeds 2``, every built-in,
+the kernels included, full level, seeds 0-1; the record ``grader-power-20261203t180958z`` in ``data/``):
+0 of 14 correct trials rejected, 52 of 52 known-bad trials rejected, each known-bad one by its intended
+check on both seeds; needed k forward / gradient: reference and pallas 1 / 1, flash 1.49 / 2.35,
+rounded-probs 2.09 / 2.38, online-softmax 1 / 1, flash-style and per-head-dkv 1.49 / 2.43.
+
 The known-bad candidates that only a tolerance can catch need k far above the policy: at the quick shapes
 low-precision (bf16 logits and statistics) passes its easiest trial's comparisons only at k = 2.8e4;
 zeros, unrelated-output, wrong-default-scale, stop-gradient-k and ones-cotangent need k > 1e6; at the
