@@ -96,14 +96,11 @@ def plan_shapes(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = 
     return shapes
 
 
-def plan_row(profile_name: str, seq: int, mode: str, shape: Shape | None = None) -> dict[str, Any]:
-    """One row of the plan: both programs compiled at ``shape`` (default: the profile's flash scope at
-    ``seq``, batch as the benchmark runs it) for ``mode`` (``fwd``/``fwd+bwd``)."""
+def plan_row(profile_name: str, shape: Shape) -> dict[str, Any]:
+    """One row of the plan: both programs compiled at ``shape`` (one of ``plan_shapes``) for its pass."""
     profile = get_profile(profile_name)
-    if shape is None:
-        shape = Shape("flash", profile.batch_for("flash", seq), seq, profile.num_q_heads,
-                      profile.num_kv_heads, profile.head_dim, mode)
-    batch, seq, hq, hk, d = shape.batch, shape.seq, shape.num_q_heads, shape.num_kv_heads, shape.head_dim
+    batch, seq, hq, hk, d, mode = (shape.batch, shape.seq, shape.num_q_heads, shape.num_kv_heads,
+                                   shape.head_dim, shape.mode)
     dtype = jnp.dtype(profile.dtype)
     q = compiled.struct((batch, seq, hq, d), dtype)
     kv = compiled.struct((batch, seq, hk, d), dtype)
@@ -147,7 +144,7 @@ def plan_rows(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = No
         if progress:
             progress(f"compiling {shape.scope} seq {shape.seq} heads {shape.num_q_heads}/{shape.num_kv_heads} "
                      f"{shape.mode}")
-        rows.append(plan_row(profile_name, shape.seq, shape.mode, shape))
+        rows.append(plan_row(profile_name, shape))
     return rows
 
 
@@ -167,8 +164,8 @@ def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str)
         f"values); scope `flash` is the profile's flash scope, `model-*` its model-sized cases (only where "
         f"the XLA reference fits a v5e's HBM, as in the benchmark). Peaks: 197 TFLOP/s bf16, 819 GB/s HBM.",
         "",
-        "| scope | seq | batch | heads (q / kv) | pass | outside kernels (MB) | kernels' least traffic (MB) | outside / "
-        "kernels | kernels' GFLOP | VMEM (MiB) | flash floor (ms) | XLA bytes (MB) | XLA GFLOP "
+        "| scope | seq | batch | heads (q / kv) | pass | outside kernels (MB) | kernels' least traffic (MB) "
+        "| outside / kernels | kernels' GFLOP | VMEM (MiB) | flash floor (ms) | XLA bytes (MB) | XLA GFLOP "
         "| XLA floor (ms) | flash / XLA |",
         "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]

@@ -109,8 +109,10 @@ def plan_bytes(doc: dict[str, Any]) -> bytes:
 
 def missing_shapes(doc: dict[str, Any], profile: str = "tpu-v5e") -> list[Shape]:
     """The profile's plan shapes (``bench.plan.plan_shapes``) that no row of ``doc`` covers."""
-    have = {(r.get("scope", "flash"), r["seq"], r["num_q_heads"], r["num_kv_heads"], r["mode"]) for r in doc["rows"]}
-    return [s for s in plan_shapes(profile) if (s.scope, s.seq, s.num_q_heads, s.num_kv_heads, s.mode) not in have]
+    have = {(r.get("scope", "flash"), r["seq"], r["num_q_heads"], r["num_kv_heads"], r["mode"])
+            for r in doc["rows"]}
+    return [s for s in plan_shapes(profile)
+            if (s.scope, s.seq, s.num_q_heads, s.num_kv_heads, s.mode) not in have]
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -136,7 +138,8 @@ def section(data_dir: Path) -> str:
              "| flash / XLA (predicted) |",
              "|---|---:|---:|---|---:|---|---:|---:|---:|"]
     for r in doc["rows"]:
-        lines.append(f"| {r.get('scope', 'flash')} | {r['seq']} | {r['batch']} | {r['num_q_heads']} / {r['num_kv_heads']} | {r['head_dim']} "
+        lines.append(f"| {r.get('scope', 'flash')} | {r['seq']} | {r['batch']} | {r['num_q_heads']} / "
+                     f"{r['num_kv_heads']} | {r['head_dim']} "
                      f"| {r['mode']} | {_number(r.get('flash_floor_ms'), 3)} | {_number(r['xla_floor_ms'], 3)} "
                      f"| {_number(r.get('flash_over_xla'), 3)} |")
     missing = missing_shapes(doc)

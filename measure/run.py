@@ -67,8 +67,8 @@ def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
           known_bad: Sequence[str] | None = None, kernel_level: str = "full") -> list[dict[str, Any]]:
     """Scorecards of ``kernels`` at the full level and of the known-bad candidates (default: every
-    built-in one; ``()``: none) at the quick level, each candidate in its own worker process; every scorecard says
-    its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
+    built-in one; ``()``: none) at the quick level, each candidate in its own worker process; every
+    scorecard says its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
     kernels' verdict is the one that counts, so it gets the model-sized problems.
 
     If the rubric itself cannot run, each kernel gets a failed scorecard naming the error, so the

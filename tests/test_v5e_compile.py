@@ -187,7 +187,8 @@ def test_facts_name_the_relayouts_around_a_kernel():
 def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode):
     from bench import plan, roofline
 
-    row = plan.plan_row("tpu-v5e", 128, mode)
+    [shape] = [s for s in plan.plan_shapes("tpu-v5e", [128], [mode]) if s.scope == "flash"]
+    row = plan.plan_row("tpu-v5e", shape)
     batch, hq, hk, d = row["batch"], row["num_q_heads"], row["num_kv_heads"], row["head_dim"]
     q, kv = batch * 128 * hq * d * 2, batch * 128 * hk * d * 2  # bf16 q (o, dO, dQ) and k (v)
     lse, lengths = batch * hq * 128 * 4, batch * 4  # one fp32 per row and head; int32 lengths
