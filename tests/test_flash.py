@@ -180,21 +180,23 @@ def test_whole_tiles_are_exactly_the_tiles_no_mask_cuts():
     assert whole_seen > 0  # the unmasked branch is reached at all
 
 
-def test_tpu_tiles_fit_the_vmem_budget_and_grow_with_room():
+@pytest.mark.parametrize("layout", ["heads", "rows"])
+def test_tpu_tiles_fit_the_vmem_budget_and_grow_with_room(layout):
     """The plan's Mosaic tiles: within the budget per phase, lane-aligned, all heads per step
     for 4/2 heads, a multiple of 8 kv heads for 32/8, and smaller tiles when heads crowd VMEM."""
-    small, heads = flash_plan.tpu_tiles(2048, 2048, 4, 2, 128, 2)
+    small, heads = flash_plan.tpu_tiles(2048, 2048, 4, 2, 128, 2, layout=layout)
     assert heads == 2
-    big, big_heads = flash_plan.tpu_tiles(16384, 16384, 32, 8, 128, 2)
+    big, big_heads = flash_plan.tpu_tiles(16384, 16384, 32, 8, 128, 2, layout=layout)
     assert big_heads == 8
     for blocks, h, group in ((small, heads, 2), (big, big_heads, 4)):
         for phase, (bq, bk) in zip(("fwd", "dq", "dkv"), (
                 (blocks.block_q, blocks.block_k), (blocks.block_q_dq, blocks.block_k_dq),
                 (blocks.block_q_dkv, blocks.block_k_dkv))):
             assert bq % 128 == 0 and bk % 128 == 0
-            assert flash_plan.vmem_estimate(phase, bq, bk, h, group, 128, 2) <= flash_plan.VMEM_BUDGET
+            assert (flash_plan.vmem_estimate(phase, bq, bk, h, group, 128, 2, layout)
+                    <= flash_plan.VMEM_BUDGET)
     assert small.block_q * small.block_k > big.block_q * big.block_k
-    short, _ = flash_plan.tpu_tiles(200, 300, 4, 2, 64, 4)
+    short, _ = flash_plan.tpu_tiles(200, 300, 4, 2, 64, 4, layout="heads")
     assert (short.block_q, short.block_k) == (256, 384)  # shrunk to the 128-rounded sequences
 
 

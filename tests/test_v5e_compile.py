@@ -201,6 +201,8 @@ def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode)
         assert row["flash_kernel_bytes"] == 8 * q + 8 * kv + 5 * lse + 3 * lengths
         assert row["flash_kernel_flops"] == 2 * (2 + 3 + 4) * d * pairs
     assert row["xla_flops"] > row["flash_kernel_flops"]  # the reference computes every logit
+    # no relayout copy around the kernels, under every supported jax (issue 12's target)
+    assert row["flash_outside_bytes"] <= 0.1 * row["flash_kernel_bytes"], row
     assert 0 < row["flash_over_xla"] < 10
     text = plan.render_markdown([row], "tpu-v5e", "tpu-kernel-records plan --seq 128")
     assert "Predicted by the TPU compiler, not measured" in text

@@ -2,10 +2,11 @@
 
 Sequences are zero-padded to whole blocks here (padded keys are masked, padded query rows sliced
 off; a no-op when the blocks divide them). The Mosaic kernels read ``[batch, seq_pad, heads,
-head_dim]`` as it is (a reshape would be a relayout copy on TPU), except compiled under jax < 0.7
-whose Mosaic cannot (``tpu.HEADS_IN_PLACE``): there they take the flat view below, ``head_dim``
-zero-padded to 128 lanes when heads > 1. Compiled for TPU they take the tiles and heads per step
-that ``plan.tpu_tiles`` fits to VMEM unless ``block_sizes`` is given.
+head_dim]`` as it is (a reshape to ``[.., heads * head_dim]`` would be a relayout copy on TPU),
+except compiled under jax < 0.7 (``plan.mosaic_layout``): there they take the free view
+``[batch, seq_pad * heads, head_dim]`` where the heads' tiling allows it, else the flat view,
+``head_dim`` zero-padded to 128 lanes when heads > 1. Compiled for TPU they take the tiles and
+heads per step that ``plan.tpu_tiles`` fits to VMEM unless ``block_sizes`` is given.
 The Triton kernels see ``[batch, seq_pad, heads * head_dim]``, ``head_dim`` padded to a power of
 two (zeros change no logit and no kept output column).
 """
@@ -22,8 +23,9 @@ import jax.numpy as jnp
 from kernel_src import backend
 from kernel_src.contract import check_inputs, default_scale
 from kernel_src.flash import gpu, tpu
-from kernel_src.flash.plan import (LANES, FlashBlockSizes, Plan, fit_blocks,
-                                   next_power_of_two, round_up, tpu_tiles)
+from kernel_src.flash.plan import (LANES, LAYOUTS, FlashBlockSizes, Layout, Plan, fit_blocks,
+                                   mosaic_layout, next_power_of_two, round_up,
+                                   rows_view_is_free, tpu_tiles)
 
 Variant = Literal["mosaic", "triton"]
 _LOWERINGS = {"mosaic": tpu, "triton": gpu}
@@ -53,30 +55,33 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "block_sizes", "interpret",
-                                             "variant", "kv_heads_per_step"))
+                                             "variant", "kv_heads_per_step", "layout"))
 def _flash_attention(q, k, v, kv_lengths, *, causal: bool, scale: float,
                      block_sizes: FlashBlockSizes, interpret: Any, variant: str,
-                     kv_heads_per_step: int | None = None):
+                     kv_heads_per_step: int | None = None, layout: Layout = "heads"):
     batch, q_len, hq, d = q.shape
     _, kv_len, hk, _ = k.shape
     compiled = not interpret
     blocks = fit_blocks(block_sizes, q_len, kv_len, variant, compiled)
-    flat_heads = variant == "triton" or (compiled and not tpu.HEADS_IN_PLACE)
+    layout = "flat" if variant == "triton" else layout
+    flat_heads = layout == "flat"
     if variant == "triton":
         d_pad = max(16, next_power_of_two(d))
     else:  # a flat Mosaic head is a lane window: whole 128-lane tiles
         d_pad = round_up(d, LANES) if flat_heads and d % LANES and max(hq, hk) > 1 else d
     plan = Plan(q_len, kv_len, hq, hk, causal, scale, blocks, variant, interpret,
-                kv_heads_per_step, d_pad if flat_heads and variant == "mosaic" else None)
+                kv_heads_per_step, layout, d_pad if flat_heads and variant == "mosaic" else None)
 
     q_multiple = math.lcm(blocks.block_q, blocks.block_q_dq, blocks.block_q_dkv)
     kv_multiple = math.lcm(blocks.block_k, blocks.block_k_dq, blocks.block_k_dkv)
     q_pad, kv_pad = round_up(max(q_len, 1), q_multiple), round_up(max(kv_len, 1), kv_multiple)
 
-    def flat(x, seq_pad):
-        """Padded to ``seq_pad`` rows (and ``d_pad``); heads flattened unless read in place."""
+    def view(x, seq_pad):
+        """Padded to ``seq_pad`` rows (and ``d_pad``), in the layout's view."""
         if (seq_pad, d_pad) != (x.shape[1], d):
             x = jnp.pad(x, ((0, 0), (0, seq_pad - x.shape[1]), (0, 0), (0, d_pad - d)))
+        if layout == "rows":
+            return x.reshape(x.shape[0], seq_pad * x.shape[2], x.shape[3])
         return x.reshape(x.shape[0], seq_pad, -1) if flat_heads else x
 
     if kv_lengths is None:
@@ -85,7 +90,7 @@ def _flash_attention(q, k, v, kv_lengths, *, causal: bool, scale: float,
         lengths = jnp.clip(kv_lengths, 0, kv_len).astype(jnp.int32)
     if variant == "triton":  # a Triton block must have a power-of-two size
         lengths = jnp.pad(lengths, (0, next_power_of_two(batch) - batch))
-    out = _flash(flat(q, q_pad), flat(k, kv_pad), flat(v, kv_pad), lengths, plan)
+    out = _flash(view(q, q_pad), view(k, kv_pad), view(v, kv_pad), lengths, plan)
     out = out.reshape(batch, q_pad, hq, d_pad)
     return out if (q_pad, d_pad) == (q_len, d) else out[:, :q_len, :, :d]
 
@@ -93,7 +98,7 @@ def _flash_attention(q, k, v, kv_lengths, *, causal: bool, scale: float,
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
                     kv_lengths: jax.Array | None = None, scale: float | None = None,
                     block_sizes: FlashBlockSizes | None = None, interpret: Any = None,
-                    variant: Variant | None = None) -> jax.Array:
+                    variant: Variant | None = None, layout: Layout | None = None) -> jax.Array:
     """Fused grouped-query attention (the candidate contract), differentiable, in Pallas.
 
     Args:
@@ -111,6 +116,10 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
       variant: ``"mosaic"`` (grid-carried accumulators, the TPU kernels) or ``"triton"``
         (in-kernel loops, the GPU kernels). By default Triton on GPU, else Mosaic; when given,
         the other family's platform refuses to lower, and interpret mode runs this family.
+      layout: how the Mosaic kernels see the heads (``plan.Layout``: ``"heads"``, ``"rows"``,
+        ``"flat"``). By default ``"heads"`` in interpret mode and, compiled, the one the
+        installed Mosaic takes (``plan.mosaic_layout``); when given, interpret mode runs it too
+        (how the tests check on a CPU the layouts compiled under older jax). Not for Triton.
 
     Returns:
       ``[batch, q_len, num_q_heads, head_dim]`` in the input dtype. Rows with no visible key are
@@ -120,16 +129,28 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
     scale = default_scale(dims.head_dim, scale)
     if variant not in (None, "mosaic", "triton"):
         raise ValueError(f"variant must be 'mosaic' or 'triton', got {variant!r}")
+    if layout is not None and layout not in LAYOUTS:
+        raise ValueError(f"layout must be one of {LAYOUTS}, got {layout!r}")
+    if layout == "rows" and not all(rows_view_is_free(h, dims.head_dim)
+                                    for h in (dims.num_q_heads, dims.num_kv_heads)):
+        raise ValueError(f"layout 'rows' needs head_dim a multiple of {LANES} and 1, 2, 4 or a "
+                         f"multiple of 8 heads, got {dims.num_q_heads} / {dims.num_kv_heads} "
+                         f"heads of {dims.head_dim}")
 
     def build(target: str, interpret: Any):
         family = variant or ("triton" if target == "gpu" else "mosaic")
         compiled = target != "cpu"
         if compiled and family != _FAMILY[target]:
             raise backend.Unsupported(f"variant={family!r} has no {target} lowering")
+        if family == "triton" and layout not in (None, "flat"):
+            raise backend.Unsupported(f"layout={layout!r}: the Triton kernels read the flat view")
         blocks, heads = block_sizes or FlashBlockSizes.for_platform(target), None
+        chosen = layout or ("heads" if not compiled else mosaic_layout(
+            dims.num_q_heads, dims.num_kv_heads, dims.head_dim))
         if compiled and family == "mosaic":  # tiles and heads per step fitted to VMEM
             tiles, heads = tpu_tiles(dims.q_len, dims.kv_len, dims.num_q_heads,
-                                     dims.num_kv_heads, dims.head_dim, q.dtype.itemsize)
+                                     dims.num_kv_heads, dims.head_dim, q.dtype.itemsize,
+                                     layout=chosen)
             blocks = block_sizes or tiles
         try:
             fit_blocks(blocks, dims.q_len, dims.kv_len, family, compiled)
@@ -137,7 +158,7 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
             raise backend.Unsupported(str(error)) from None
         return functools.partial(_flash_attention, causal=bool(causal), scale=scale,
                                  block_sizes=blocks, interpret=interpret, variant=family,
-                                 kv_heads_per_step=heads)
+                                 kv_heads_per_step=heads, layout=chosen)
 
     return backend.per_platform(build, interpret, jax.ShapeDtypeStruct(q.shape, q.dtype),
                                 q, k, v, kv_lengths)

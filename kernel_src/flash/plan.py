@@ -18,7 +18,7 @@ Mosaic keeps them lane-replicated ``[rows, 128]`` (``kernel_src.flash.tpu``), Tr
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable
+from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
@@ -32,6 +32,32 @@ TRANS_B = (((1,), (1,)), ((), ()))  # contract the last dims: x @ y.T
 F32 = jnp.float32
 
 Widen = Callable[[jax.Array, int], jax.Array]
+
+# How the Mosaic kernels see the heads of ``[batch, seq, heads, head_dim]``:
+#   "heads": as they are, a block ``(rows, heads, d)`` (Mosaic of jax >= 0.7);
+#   "rows":  the free view ``[batch, seq * heads, d]``, a block ``(rows * heads, d)`` whose head
+#            ``h`` is every ``heads``-th row (jax < 0.7, whose Mosaic cannot index a head);
+#   "flat":  ``[batch, seq, heads * d]``, a head a lane window (a relayout copy on TPU): where
+#            "rows" is no free view, and always for Triton.
+Layout = Literal["heads", "rows", "flat"]
+LAYOUTS: tuple[Layout, ...] = ("heads", "rows", "flat")
+HEADS_IN_PLACE = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 7)
+
+
+def rows_view_is_free(num_heads: int, head_dim: int) -> bool:
+    """Whether XLA's tiled TPU layout of ``[b, s, heads, d]`` is, byte for byte, that of
+    ``[b, s * heads, d]``: whole 128-lane rows, and heads that fill their sublane tiles (1, 2,
+    4 or a multiple of 8), as the v5e compiler confirms (a bitcast, no copy, in bf16 and fp32).
+    Every such count above 1 is even, as the 16-bit head pairs of ``tpu`` need."""
+    return head_dim % LANES == 0 and (num_heads in (1, 2, 4) or num_heads % 8 == 0)
+
+
+def mosaic_layout(num_q_heads: int, num_kv_heads: int, head_dim: int) -> Layout:
+    """The layout compiled Mosaic kernels take under the installed jax (see ``Layout``)."""
+    if HEADS_IN_PLACE:
+        return "heads"
+    free = all(rows_view_is_free(h, head_dim) for h in (num_q_heads, num_kv_heads))
+    return "rows" if free else "flat"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,7 +119,8 @@ class Plan:
     variant: str
     interpret: Any
     kv_heads_per_step: int | None = None  # Mosaic: kv heads one grid step holds; None = all
-    flat_head_dim: int | None = None  # Mosaic on [b, s, heads * d] (jax < 0.7): that d
+    layout: Layout = "heads"  # how the Mosaic kernels see the heads (Triton: always flat)
+    flat_head_dim: int | None = None  # layout "flat": the (lane-padded) d of one head
 
     @property
     def group(self) -> int:
@@ -145,7 +172,7 @@ _SUBLANES = 8  # a [1, rows] statistic row takes 8 sublanes of VMEM
 
 
 def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: int,
-                  head_dim: int, itemsize: int) -> int:
+                  head_dim: int, itemsize: int, layout: Layout = "heads") -> int:
     """Bytes of VMEM one grid step of ``phase`` (``fwd``, ``dq``, ``dkv``) needs: its blocks
     twice (double buffering), its fp32 scratch, and about four fp32 ``[block_q, block_k]`` tiles
     of intermediates (scores, probabilities, their gradients).
@@ -153,9 +180,11 @@ def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: 
     A ``(rows, heads, head_dim)`` block is tiled in VMEM on its last two dims, the heads padded
     to whole sublane tiles (8 rows of 32 bits: 16 heads in bf16), so 2 or 4 heads take the room
     of 16: matched within 1% by the VMEM the v5e compiler reserved at 128 x 128 tiles, 4/2 heads.
+    The "rows" and "flat" layouts pad no head; "rows" in 16 bits adds the 32-bit copy of each
+    input block that its heads are read from (``tpu``).
     """
     q_heads = kv_heads * group
-    sublanes = _SUBLANES * max(1, 4 // itemsize)
+    sublanes = _SUBLANES * max(1, 4 // itemsize) if layout == "heads" else 1
 
     def tile(rows: int, heads: int) -> int:
         return rows * round_up(heads, sublanes) * head_dim * itemsize
@@ -168,6 +197,8 @@ def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: 
         "dq": (4 * q_tile + 2 * kv_tile + 2 * stat, 2 * lanes + q_heads * block_q * head_dim * 4),
         "dkv": (2 * q_tile + 4 * kv_tile + 2 * stat, 2 * kv_heads * block_k * head_dim * 4),
     }[phase]
+    if layout == "rows" and itemsize < 4:  # q (fwd) or q and dO words, and K and V words
+        scratch += (1 if phase == "fwd" else 2) * q_tile + 2 * kv_tile
     return 2 * blocks + scratch + 4 * block_q * block_k * 4
 
 
@@ -179,16 +210,20 @@ def _head_blocks(num_kv_heads: int, group: int) -> list[int]:
 
 
 def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-              itemsize: int, budget: int = VMEM_BUDGET) -> tuple[FlashBlockSizes, int]:
+              itemsize: int, budget: int = VMEM_BUDGET,
+              layout: Layout | None = None) -> tuple[FlashBlockSizes, int]:
     """``(blocks, kv heads per step)`` for compiled Mosaic: per phase the largest tiles (most
     ``block_q * block_k``, then the larger outer block: the one each K/V (forward, dQ) or Q
     (dK/dV) refetch is counted against) whose ``vmem_estimate`` fits ``budget``,
-    for the head block that allows the largest tiles (more heads on a tie). Tiles are shrunk to
-    the (128-rounded) sequence first; 128 x 128 is the floor."""
+    for the head block that allows the largest tiles (more heads on a tie; all heads in the
+    "rows" layout, whose block rows interleave them). Tiles are shrunk to the (128-rounded)
+    sequence first; 128 x 128 is the floor. ``layout``: ``mosaic_layout``'s when ``None``."""
     group = num_q_heads // num_kv_heads
+    layout = layout or mosaic_layout(num_q_heads, num_kv_heads, head_dim)
     q_cap, kv_cap = round_up(max(q_len, 1), LANES), round_up(max(kv_len, 1), LANES)
     best = None
-    for heads in _head_blocks(num_kv_heads, group):
+    head_blocks = [num_kv_heads] if layout == "rows" else _head_blocks(num_kv_heads, group)
+    for heads in head_blocks:
         chosen = []
         for phase in ("fwd", "dq", "dkv"):
             outer = 1 if phase == "dkv" else 0
@@ -196,7 +231,7 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
                             for bk in TILE_CHOICES}, key=lambda t: (t[0] * t[1], t[outer]),
                            reverse=True)
             fits = [t for t in pairs if vmem_estimate(phase, *t, heads, group, head_dim,
-                                                      itemsize) <= budget]
+                                                      itemsize, layout) <= budget]
             chosen.append(fits[0] if fits else pairs[-1])
         score = min(bq * bk for bq, bk in chosen)
         if best is None or score > best[0]:

@@ -6,6 +6,9 @@ is: a block is ``(rows, heads of the step, head_dim)``, its last two dims the he
 kernel (a reshape to ``[batch, seq, heads * head_dim]`` would be one on TPU). A grid step holds
 ``plan.kv_head_block`` kv heads (all of them, or a multiple of 8) with their whole groups of
 query heads and walks them in a static loop: each K/V tile is fetched once for its group.
+Compiled under jax < 0.7 they read the same bytes as ``[batch, seq * heads, head_dim]``
+(layout "rows", every head in each step; see ``_Heads``), or, where that view is not free,
+the flat view (``plan.Layout``).
 
 Grids carry the accumulators across their last ("arbitrary") axes in VMEM scratch, one slot per
 head. Running row statistics (max, sum) are fp32 and lane-replicated ``[rows, 128]`` in VMEM; the
@@ -39,28 +42,77 @@ from kernel_src.flash.plan import (F32, LANES, TRANS_B, VMEM_LIMIT, Plan, finish
 # Mosaic of jax < 0.7 (libtpu 0.0.17) cannot take one head out of a 16-bit ``(rows, heads, d)``
 # block for a matmul: ``ref[:, h, :]`` fails "infer-vector-layout: unsupported shape cast",
 # ``ref[:, pl.ds(h, 1), :]`` reshaped (through fp32 or not) "unsupported implicit dim change", a
-# value slice aborts the compiler and a DMA of ``ref.at[:, h, :]`` fails verification. There
-# the wrapper keeps the flat ``[batch, seq, heads * head_dim]`` view (a relayout copy on TPU) and
-# a head is the lane window ``[:, h * d:(h + 1) * d]`` of a ``(rows, heads * d)`` block.
-HEADS_IN_PLACE = tuple(int(p) for p in jax.__version__.split(".")[:2]) >= (0, 7)
+# value slice aborts the compiler and a DMA of ``ref.at[:, h, :]`` fails verification. There the
+# kernels take the free view ``[batch, seq * heads, d]`` (layout "rows", ``plan.Layout``): head
+# ``h`` of a ``(rows * heads, d)`` block is every ``heads``-th row from row ``h``, a strided load,
+# which that Mosaic has for 32-bit data only. A 16-bit block is therefore copied once into a
+# 32-bit scratch (``pltpu.bitcast``: row pair ``2p, 2p + 1`` becomes one word, row ``2p`` in its
+# low half), where heads ``2m`` and ``2m + 1`` share the strided rows ``m, m + heads / 2, ...``;
+# a head is its half of each word, widened to fp32 exactly. Outputs go back the same way.
+U32 = jnp.uint32
+_HIGH_HALF = 0xFFFF0000
 
 
-def _load_head(ref, h: int, plan: Plan) -> jax.Array:
-    """Head ``h`` of a ``(rows, heads, d)`` block (``(rows, heads * d)`` in the flat view) as
-    ``[rows, d]``, in the block's dtype."""
-    if plan.flat_head_dim is None:
-        return ref[:, h, :]
-    d = plan.flat_head_dim
-    return ref[:, h * d:(h + 1) * d]
+class _Heads:
+    """The heads of one block: ``(rows, heads, d)``, ``(rows, heads * d)`` (layout "flat") or
+    ``(rows * heads, d)`` (layout "rows", with ``words``, its 32-bit scratch, in 16 bits)."""
+
+    def __init__(self, ref, heads: int, plan: Plan, words=None):
+        self.ref, self.heads, self.plan, self.words = ref, heads, plan, words
+
+    @property
+    def rows(self) -> int:
+        """Sequence rows of the block."""
+        return self.ref.shape[0] // (self.heads if self.plan.layout == "rows" else 1)
+
+    def copy_words(self) -> None:
+        """Refresh the 32-bit copy (layout "rows", 16 bits) after a new block arrives."""
+        if self.words is not None:
+            self.words[...] = pltpu.bitcast(self.ref[...], U32)
+
+    def load(self, h: int) -> jax.Array:
+        """Head ``h`` as ``[rows, d]`` in the block's dtype."""
+        ref, layout, heads = self.ref, self.plan.layout, self.heads
+        if layout == "heads":
+            return ref[:, h, :]
+        if layout == "flat":
+            d = self.plan.flat_head_dim
+            return ref[:, h * d:(h + 1) * d]
+        if heads == 1:
+            return ref[...]
+        if self.words is None:
+            return ref[pl.ds(h, self.rows, stride=heads), :]
+        word = self.words[pl.ds(h // 2, self.rows, stride=heads // 2), :]
+        half = word & U32(_HIGH_HALF) if h % 2 else word << 16
+        return pltpu.bitcast(half, F32).astype(ref.dtype)
+
+    def store(self, value_of: Callable[[int], jax.Array]) -> None:
+        """Write every head ``h`` as ``value_of(h)`` (fp32 ``[rows, d]``), in the block's dtype."""
+        ref, layout, heads = self.ref, self.plan.layout, self.heads
+        if layout != "rows" or heads == 1 or self.words is None:
+            for h in range(heads):
+                value = value_of(h).astype(ref.dtype)
+                if layout == "heads":
+                    ref[:, h, :] = value
+                elif layout == "flat":
+                    d = self.plan.flat_head_dim
+                    ref[:, h * d:(h + 1) * d] = value
+                elif heads == 1:
+                    ref[...] = value
+                else:
+                    ref[pl.ds(h, self.rows, stride=heads), :] = value
+            return
+        for m in range(heads // 2):
+            low, high = (pltpu.bitcast(value_of(h).astype(ref.dtype).astype(F32), U32)
+                         for h in (2 * m, 2 * m + 1))
+            self.words[pl.ds(m, self.rows, stride=heads // 2), :] = (
+                (high & U32(_HIGH_HALF)) | (low >> 16))
+        ref[...] = pltpu.bitcast(self.words[...], ref.dtype)
 
 
-def _store_head(ref, h: int, value: jax.Array, plan: Plan) -> None:
-    """Write fp32 ``value [rows, d]`` as head ``h`` of a block (see ``_load_head``)."""
-    if plan.flat_head_dim is None:
-        ref[:, h, :] = value.astype(ref.dtype)
-    else:
-        d = plan.flat_head_dim
-        ref[:, h * d:(h + 1) * d] = value.astype(ref.dtype)
+def _needs_words(plan: Plan, dtype) -> bool:
+    """Whether blocks of ``dtype`` are read through a 32-bit copy (layout "rows", 16 bits)."""
+    return plan.layout == "rows" and jnp.dtype(dtype).itemsize < 4
 
 
 def _lanes(x: jax.Array, width: int) -> jax.Array:
@@ -102,18 +154,28 @@ def _each_head(heads, length, body) -> None:
         pl.when(length >= 0)(functools.partial(body, h))
 
 
+def _split_words(refs, count: int):
+    """``(other refs, word scratches)``: the last ``count`` refs are the 32-bit copies."""
+    return (refs[:len(refs) - count], refs[len(refs) - count:]) if count else (refs, ())
+
+
 def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
                     num_k_blocks: int, with_lse: bool):
     """Forward of one (batch, kv-head block, query block, key block) grid step.
 
     lengths_ref: int32 ``[batch]`` key lengths (SMEM). q_ref, o_ref: ``[block_q, q heads, d]``
-    (o in the input dtype); k_ref, v_ref: ``[block_k, kv heads, d]``; then, ``with_lse`` only,
-    lse_ref: fp32 ``[q heads, 1, block_q]``. Scratch per query head: fp32 running max and sum
-    ``[q heads, block_q, 128]``, accumulator ``[q heads, block_q, d]``.
+    (o in the input dtype); k_ref, v_ref: ``[block_k, kv heads, d]`` (other layouts:
+    ``_Heads``); then, ``with_lse`` only, lse_ref: fp32 ``[q heads, 1, block_q]``. Scratch per
+    query head: fp32 running max and sum ``[q heads, block_q, 128]``, accumulator
+    ``[q heads, block_q, d]``; then the 32-bit copies of q, k, v (layout "rows", 16 bits).
     """
+    refs, words = _split_words(refs, 3 * _needs_words(plan, q_ref.dtype))
     lse_ref, (m_scratch, l_scratch, acc_scratch) = (refs[0], refs[1:]) if with_lse else (None, refs)
+    q, k, v = (_Heads(ref, n, plan, w) for ref, n, w in zip(
+        (q_ref, k_ref, v_ref), (plan.q_head_block, plan.kv_head_block, plan.kv_head_block),
+        words or (None,) * 3))
     b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    block_q, block_k = q.rows, k.rows
     length = lengths_ref[b]
 
     @pl.when(ki == 0)
@@ -121,117 +183,136 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
         m_scratch[...] = jnp.full(m_scratch.shape, -jnp.inf, F32)
         l_scratch[...] = jnp.zeros(l_scratch.shape, F32)
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, F32)
+        q.copy_words()
 
     @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
     def _step():
         whole = whole_tile(qi, ki, block_q, block_k, length, plan)
+        k.copy_words()
+        v.copy_words()
 
         def head(h: int):
             j = h // plan.group  # its kv head in the block
-            s = scores(_load_head(q_ref, h, plan), _load_head(k_ref, j, plan), None, plan.scale)
+            s = scores(q.load(h), k.load(j), None, plan.scale)
             s = _cut(s, whole, lambda: visible_tile(qi, ki, block_q, block_k, length, plan),
                      -jnp.inf)
-            m, l, acc = online_softmax_step(s, _load_head(v_ref, j, plan), m_scratch[h],
-                                            l_scratch[h], acc_scratch[h], _lanes)
+            m, l, acc = online_softmax_step(s, v.load(j), m_scratch[h], l_scratch[h],
+                                            acc_scratch[h], _lanes)
             m_scratch[h], l_scratch[h], acc_scratch[h] = m, l, acc
         _each_head(range(plan.q_head_block), length, head)
 
     @pl.when(ki == num_k_blocks - 1)
     def _store():
-        for h in range(plan.q_head_block):
+        def out_of(h: int) -> jax.Array:  # writes head h's log-sum-exp on the way
             out, lse = finish(m_scratch[h], l_scratch[h], acc_scratch[h], _lanes)
-            _store_head(o_ref, h, out, plan)
             if with_lse:
                 lse_ref[h] = _row(lse)
+            return out
+        _Heads(o_ref, plan.q_head_block, plan, q.words).store(out_of)
 
 
 def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref, di_ref,
-               dq_scratch, lse_scratch, di_scratch, *, plan: Plan, num_k_blocks: int):
+               dq_scratch, lse_scratch, di_scratch, *words, plan: Plan, num_k_blocks: int):
     """dQ (and ``di``) of one (batch, kv-head block, query block, key block) grid step.
 
     q_ref, do_ref, o_ref, dq_ref: ``[block_q, q heads, d]``; k_ref, v_ref:
-    ``[block_k, kv heads, d]``; lse_ref, di_ref: fp32 ``[q heads, 1, block_q]``. Once per query
-    block, lse becomes lane-replicated ``[block_q, 128]`` scratch and ``di = rowsum(dO ⊙ O)`` is
-    computed (fp32), kept likewise and written lane-dense for the dK/dV kernel. dq_ref in the
-    input dtype, accumulated over key blocks in fp32 ``dq_scratch [q heads, block_q, d]``.
+    ``[block_k, kv heads, d]`` (other layouts: ``_Heads``); lse_ref, di_ref: fp32
+    ``[q heads, 1, block_q]``. Once per query block, lse becomes lane-replicated
+    ``[block_q, 128]`` scratch and ``di = rowsum(dO ⊙ O)`` is computed (fp32), kept likewise and
+    written lane-dense for the dK/dV kernel. dq_ref in the input dtype, accumulated over key
+    blocks in fp32 ``dq_scratch [q heads, block_q, d]``. ``words``: 32-bit copies of q (O's
+    first, then dQ's on the way out), dO, k, v (layout "rows", 16 bits).
     """
+    heads = (plan.q_head_block, plan.q_head_block, plan.kv_head_block, plan.kv_head_block)
+    q, do, k, v = (_Heads(ref, n, plan, w) for ref, n, w in zip(
+        (q_ref, do_ref, k_ref, v_ref), heads, words or (None,) * 4))
+    o = _Heads(o_ref, plan.q_head_block, plan, q.words)
     b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    block_q, block_k = q.rows, k.rows
     length = lengths_ref[b]
 
     @pl.when(ki == 0)
     def _start():
         dq_scratch[...] = jnp.zeros(dq_scratch.shape, F32)
+        o.copy_words()
+        do.copy_words()
         for h in range(plan.q_head_block):
             lse_scratch[h] = _column(lse_ref[h])
-            di = jnp.sum(_load_head(o_ref, h, plan).astype(F32) * _load_head(do_ref, h, plan).astype(F32),
-                         axis=1, keepdims=True)
+            di = jnp.sum(o.load(h).astype(F32) * do.load(h).astype(F32), axis=1, keepdims=True)
             di_scratch[h] = jnp.broadcast_to(di, (block_q, LANES))
             di_ref[h] = _row(di_scratch[h])
+        q.copy_words()
 
     @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
     def _step():
         whole = whole_tile(qi, ki, block_q, block_k, length, plan)
+        k.copy_words()
+        v.copy_words()
 
         def head(h: int):
             j = h // plan.group
-            k = _load_head(k_ref, j, plan)
-            _, ds = score_grads(_load_head(q_ref, h, plan), k, _load_head(v_ref, j, plan),
-                                _load_head(do_ref, h, plan), lse_scratch[h], di_scratch[h], None,
-                                plan.scale, _lanes)
+            k_j = k.load(j)
+            _, ds = score_grads(q.load(h), k_j, v.load(j), do.load(h), lse_scratch[h],
+                                di_scratch[h], None, plan.scale, _lanes)
             ds = _cut(ds, whole, lambda: visible_tile(qi, ki, block_q, block_k, length, plan),
                       0.0)  # dS = P (dP - di): zero where P is
-            dq_scratch[h] += lax.dot(ds.astype(k.dtype), k, preferred_element_type=F32)
+            dq_scratch[h] += lax.dot(ds.astype(k_j.dtype), k_j, preferred_element_type=F32)
         _each_head(range(plan.q_head_block), length, head)
 
     @pl.when(ki == num_k_blocks - 1)
     def _store():
-        for h in range(plan.q_head_block):
-            _store_head(dq_ref, h, dq_scratch[h], plan)
+        _Heads(dq_ref, plan.q_head_block, plan, q.words).store(lambda h: dq_scratch[h])
 
 
 def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref,
-                dk_scratch, dv_scratch, *, plan: Plan, num_q_blocks: int):
+                dk_scratch, dv_scratch, *words, plan: Plan, num_q_blocks: int):
     """dK and dV of one (batch, kv-head block, key block, query block) grid step.
 
     Each kv head's group of query heads is walked inside the step, their contributions adding
     up in the fp32 scratch ``[kv heads, block_k, d]``: K and V are never repeated. q_ref,
-    do_ref: ``[block_q, q heads, d]``; k_ref, v_ref, dk_ref, dv_ref: ``[block_k, kv heads, d]``;
-    lse_ref, di_ref: fp32 ``[q heads, 1, block_q]``. Scores are computed transposed,
-    ``[block_k, block_q]``, so ``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` are plain matmuls.
+    do_ref: ``[block_q, q heads, d]``; k_ref, v_ref, dk_ref, dv_ref: ``[block_k, kv heads, d]``
+    (other layouts: ``_Heads``); lse_ref, di_ref: fp32 ``[q heads, 1, block_q]``. Scores are
+    computed transposed, ``[block_k, block_q]``, so ``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` are plain
+    matmuls. ``words``: 32-bit copies of q, dO, k (then dK's), v (then dV's) (layout "rows",
+    16 bits).
     """
+    heads = (plan.q_head_block, plan.q_head_block, plan.kv_head_block, plan.kv_head_block)
+    q, do, k, v = (_Heads(ref, n, plan, w) for ref, n, w in zip(
+        (q_ref, do_ref, k_ref, v_ref), heads, words or (None,) * 4))
     b, ki, qi = pl.program_id(0), pl.program_id(2), pl.program_id(3)
-    block_q, block_k = q_ref.shape[0], k_ref.shape[0]
+    block_q, block_k = q.rows, k.rows
     length = lengths_ref[b]
 
     @pl.when(qi == 0)
     def _start():
         dk_scratch[...] = jnp.zeros(dk_scratch.shape, F32)
         dv_scratch[...] = jnp.zeros(dv_scratch.shape, F32)
+        k.copy_words()
+        v.copy_words()
 
     @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
     def _step():
         whole = whole_tile(qi, ki, block_q, block_k, length, plan)
+        q.copy_words()
+        do.copy_words()
 
         def head(h: int):
             j = h // plan.group
-            q, do = _load_head(q_ref, h, plan), _load_head(do_ref, h, plan)
-            s_t = lax.dot_general(_load_head(k_ref, j, plan), q, TRANS_B,
-                                  preferred_element_type=F32) * plan.scale
+            q_h, do_h = q.load(h), do.load(h)
+            s_t = lax.dot_general(k.load(j), q_h, TRANS_B, preferred_element_type=F32) * plan.scale
             p_t = _cut(jnp.exp(s_t - lse_ref[h]), whole,  # [block_k, block_q]
                        lambda: visible_tile(qi, ki, block_q, block_k, length, plan,
                                             transposed=True), 0.0)
-            dp_t = lax.dot_general(_load_head(v_ref, j, plan), do, TRANS_B, preferred_element_type=F32)
+            dp_t = lax.dot_general(v.load(j), do_h, TRANS_B, preferred_element_type=F32)
             ds_t = p_t * (dp_t - di_ref[h]) * plan.scale
-            dv_scratch[j] += lax.dot(p_t.astype(do.dtype), do, preferred_element_type=F32)
-            dk_scratch[j] += lax.dot(ds_t.astype(q.dtype), q, preferred_element_type=F32)
+            dv_scratch[j] += lax.dot(p_t.astype(do_h.dtype), do_h, preferred_element_type=F32)
+            dk_scratch[j] += lax.dot(ds_t.astype(q_h.dtype), q_h, preferred_element_type=F32)
         _each_head(range(plan.q_head_block), length, head)
 
     @pl.when(qi == num_q_blocks - 1)
     def _store():
-        for j in range(plan.kv_head_block):
-            _store_head(dk_ref, j, dk_scratch[j], plan)
-            _store_head(dv_ref, j, dv_scratch[j], plan)
+        _Heads(dk_ref, plan.kv_head_block, plan, k.words).store(lambda j: dk_scratch[j])
+        _Heads(dv_ref, plan.kv_head_block, plan, v.words).store(lambda j: dv_scratch[j])
 
 
 def _visible_pairs(plan: Plan) -> int:
@@ -257,15 +338,17 @@ def _least_cost(plan: Plan, matmuls: int, head_dim: int, arrays, out_shape) -> p
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, semantics,
-          matmuls: int):
-    """The pallas_call of ``kernel``, declaring ``matmuls`` products per visible pair."""
+          matmuls: int, words=()):
+    """The pallas_call of ``kernel``, declaring ``matmuls`` products per visible pair; fp32
+    ``scratch`` shapes, then 32-bit ``words`` shapes (``_needs_words``)."""
 
     def call(lengths, *arrays):
         return pl.pallas_call(
             kernel,
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
-                scratch_shapes=[pltpu.VMEM(shape, F32) for shape in scratch]),
+                scratch_shapes=[*(pltpu.VMEM(shape, F32) for shape in scratch),
+                                *(pltpu.VMEM(shape, U32) for shape in words)]),
             out_shape=out_shape,
             compiler_params=pltpu.CompilerParams(dimension_semantics=semantics,
                                                  vmem_limit_bytes=VMEM_LIMIT),
@@ -307,37 +390,53 @@ def key_side_maps(plan: Plan, block_q: int, block_k: int, num_q_blocks: int):
 
 
 def _head_dim(x: jax.Array, plan: Plan) -> int:
-    return x.shape[3] if plan.flat_head_dim is None else plan.flat_head_dim
+    return {"heads": x.shape[-1], "rows": x.shape[-1], "flat": plan.flat_head_dim}[plan.layout]
+
+
+def _seq_len(x: jax.Array, heads: int, plan: Plan) -> int:
+    """Sequence rows of an array in the plan's layout (``rows``: ``seq * heads`` of them)."""
+    return x.shape[1] // (heads if plan.layout == "rows" else 1)
+
+
+def _words(plan: Plan, dtype, block_q: int, block_k: int, d: int, q_side: int, kv_side: int):
+    """Shapes of the 32-bit copies of ``q_side`` query-side and ``kv_side`` K/V-side blocks."""
+    if not _needs_words(plan, dtype):
+        return []
+    q_rows, kv_rows = block_q * plan.q_head_block // 2, block_k * plan.kv_head_block // 2
+    return [(q_rows, d)] * q_side + [(kv_rows, d)] * kv_side
 
 
 def _specs(plan: Plan, q_map, kv_map, block_q: int, block_k: int, head_dim: int):
     """BlockSpecs of the query-side tiles ``(block_q, q heads, d)``, K/V-side tiles
-    ``(block_k, kv heads, d)`` (flat view: ``(rows, heads * d)``) and lane-dense statistics
-    ``(q heads, 1, block_q)`` of a step."""
+    ``(block_k, kv heads, d)`` (layout "flat": ``(rows, heads * d)``, "rows":
+    ``(rows * heads, d)``) and lane-dense statistics ``(q heads, 1, block_q)`` of a step."""
     q_heads, kv_heads = plan.q_head_block, plan.kv_head_block
 
     def stat_map(*indices):
         b, qi, j, _ = q_map(*indices)
         return b, j, 0, qi
     stat = pl.BlockSpec((None, q_heads, 1, block_q), stat_map)
-    if plan.flat_head_dim is None:
+    if plan.layout == "heads":
         return (pl.BlockSpec((None, block_q, q_heads, head_dim), q_map),
                 pl.BlockSpec((None, block_k, kv_heads, head_dim), kv_map), stat)
 
-    def flat(index_map):
+    def flat(index_map):  # (b, row block, head block): "rows" has one head block, all heads
         return lambda *indices: index_map(*indices)[:3]
+    if plan.layout == "rows":
+        return (pl.BlockSpec((None, block_q * q_heads, head_dim), flat(q_map)),
+                pl.BlockSpec((None, block_k * kv_heads, head_dim), flat(kv_map)), stat)
     return (pl.BlockSpec((None, block_q, q_heads * head_dim), flat(q_map)),
             pl.BlockSpec((None, block_k, kv_heads * head_dim), flat(kv_map)), stat)
 
 
 def forward(q, k, v, lengths, plan: Plan, with_lse: bool = True):
     """``(out [b, q_pad, hq, d], lse [b, hq, 1, q_pad] fp32)`` from ``[b, seq_pad, heads, d]``
-    (flat view: ``[b, seq_pad, heads * d]`` in and out).
+    (layout "flat": ``[b, seq_pad, heads * d]`` in and out; "rows": ``[b, seq_pad * heads, d]``).
 
     ``with_lse=False`` (a forward-only call) writes no log-sum-exp: lse is ``None``.
     """
-    batch, q_pad, d = q.shape[0], q.shape[1], _head_dim(q, plan)
-    kv_pad = k.shape[1]
+    batch, d = q.shape[0], _head_dim(q, plan)
+    q_pad, kv_pad = _seq_len(q, plan.num_q_heads, plan), _seq_len(k, plan.num_kv_heads, plan)
     bq, bk = plan.blocks.block_q, plan.blocks.block_k
     q_heads = plan.kv_head_block * plan.group
     grid = (batch, plan.num_kv_heads // plan.kv_head_block, q_pad // bq, kv_pad // bk)
@@ -351,6 +450,7 @@ def forward(q, k, v, lengths, plan: Plan, with_lse: bool = True):
         out_specs=[q_spec, stat_spec][:1 + with_lse], out_shape=out_shape[:1 + with_lse],
         scratch=[(q_heads, bq, LANES), (q_heads, bq, LANES), (q_heads, bq, d)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=2,
+        words=_words(plan, q.dtype, bq, bk, d, 1, 2),
     )(lengths, q, k, v)
     return (results[0], results[1] if with_lse else None)
 
@@ -358,8 +458,8 @@ def forward(q, k, v, lengths, plan: Plan, with_lse: bool = True):
 def backward(q, k, v, lengths, out, lse, do, plan: Plan):
     """``(dq, dk, dv)`` in the layouts of ``q, k, v`` from the forward's ``out`` and ``lse``
     (fp32 ``[b, hq, 1, q_pad]``); ``di`` comes from the dQ kernel, so no XLA op runs between."""
-    batch, q_pad, d = q.shape[0], q.shape[1], _head_dim(q, plan)
-    kv_pad = k.shape[1]
+    batch, d = q.shape[0], _head_dim(q, plan)
+    q_pad, kv_pad = _seq_len(q, plan.num_q_heads, plan), _seq_len(k, plan.num_kv_heads, plan)
     blocks, kv_blocks = plan.blocks, plan.num_kv_heads // plan.kv_head_block
     q_heads, kv_heads = plan.kv_head_block * plan.group, plan.kv_head_block
 
@@ -373,6 +473,7 @@ def backward(q, k, v, lengths, out, lse, do, plan: Plan):
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(lse.shape, F32)],
         scratch=[(q_heads, bq, d), (q_heads, bq, LANES), (q_heads, bq, LANES)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=3,
+        words=_words(plan, q.dtype, bq, bk, d, 2, 2),
     )(lengths, q, k, v, do, out, lse)
 
     bq, bk = blocks.block_q_dkv, blocks.block_k_dkv
@@ -387,5 +488,6 @@ def backward(q, k, v, lengths, out, lse, do, plan: Plan):
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch=[(kv_heads, bk, d), (kv_heads, bk, d)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=4,
+        words=_words(plan, q.dtype, bq, bk, d, 2, 2),
     )(lengths, q, k, v, do, lse, di)
     return dq, dk, dv
