@@ -6,12 +6,14 @@ One file per part, in the manner of the Pallas ops in JAX:
 
 * ``plan``: ``FlashBlockSizes``, the call's static plan, block skipping, the online-softmax maths;
 * ``tpu``: the Mosaic kernels (forward, dQ, dK/dV), accumulators carried across grid steps;
+* ``heads``: how those kernels read and write one head of a block in each layout;
 * ``gpu``: the Triton kernels, loops over key (query) blocks inside each program;
 * ``api``: ``flash_attention``, padding, and the ``custom_vjp`` joining forward and backward.
 
 What has been exercised: both lowerings run in interpret mode on CPU against the float64 oracle,
 the Mosaic kernels compile for a TPU v5e with libtpu on a machine without a TPU
-(``tests/test_v5e_compile.py``; ``tpu-kernel-records plan`` reads the compiler's predictions) and
+(``tests/test_v5e_compile.py``; ``tpu-kernel-records plan`` reads the compiler's predictions), the
+layouts older jax compiles run in interpret mode too (``tests/test_flash_layouts.py``), and
 the Triton kernels lower to Triton IR via ``jax.export``. What has not: running either on a real
 TPU or GPU from this repository's tests (the Triton path has never run on a GPU at all).
 """

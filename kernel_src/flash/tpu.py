@@ -7,7 +7,7 @@ kernel (a reshape to ``[batch, seq, heads * head_dim]`` would be one on TPU). A 
 ``plan.kv_head_block`` kv heads (all of them, or a multiple of 8) with their whole groups of
 query heads and walks them in a static loop: each K/V tile is fetched once for its group.
 Compiled under jax < 0.7 they read the same bytes as ``[batch, seq * heads, head_dim]``
-(layout "rows", every head in each step; see ``_Heads``), or, where that view is not free,
+(layout "rows", every head in each step; see ``heads.Heads``), or, where that view is not free,
 the flat view (``plan.Layout``).
 
 Grids carry the accumulators across their last ("arbitrary") axes in VMEM scratch, one slot per
@@ -34,86 +34,11 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernel_src import backend
+from kernel_src.flash.heads import WORD, Heads, needs_words
 from kernel_src.flash.plan import (F32, LANES, TRANS_B, VMEM_LIMIT, Plan, finish,
                                    first_query_block, key_in_range, num_key_blocks,
                                    online_softmax_step, score_grads, scores, visible_tile,
                                    whole_tile)
-
-# Mosaic of jax < 0.7 (libtpu 0.0.17) cannot take one head out of a 16-bit ``(rows, heads, d)``
-# block for a matmul: ``ref[:, h, :]`` fails "infer-vector-layout: unsupported shape cast",
-# ``ref[:, pl.ds(h, 1), :]`` reshaped (through fp32 or not) "unsupported implicit dim change", a
-# value slice aborts the compiler and a DMA of ``ref.at[:, h, :]`` fails verification. There the
-# kernels take the free view ``[batch, seq * heads, d]`` (layout "rows", ``plan.Layout``): head
-# ``h`` of a ``(rows * heads, d)`` block is every ``heads``-th row from row ``h``, a strided load,
-# which that Mosaic has for 32-bit data only. A 16-bit block is therefore copied once into a
-# 32-bit scratch (``pltpu.bitcast``: row pair ``2p, 2p + 1`` becomes one word, row ``2p`` in its
-# low half), where heads ``2m`` and ``2m + 1`` share the strided rows ``m, m + heads / 2, ...``;
-# a head is its half of each word, widened to fp32 exactly. Outputs go back the same way.
-U32 = jnp.uint32
-_HIGH_HALF = 0xFFFF0000
-
-
-class _Heads:
-    """The heads of one block: ``(rows, heads, d)``, ``(rows, heads * d)`` (layout "flat") or
-    ``(rows * heads, d)`` (layout "rows", with ``words``, its 32-bit scratch, in 16 bits)."""
-
-    def __init__(self, ref, heads: int, plan: Plan, words=None):
-        self.ref, self.heads, self.plan, self.words = ref, heads, plan, words
-
-    @property
-    def rows(self) -> int:
-        """Sequence rows of the block."""
-        return self.ref.shape[0] // (self.heads if self.plan.layout == "rows" else 1)
-
-    def copy_words(self) -> None:
-        """Refresh the 32-bit copy (layout "rows", 16 bits) after a new block arrives."""
-        if self.words is not None:
-            self.words[...] = pltpu.bitcast(self.ref[...], U32)
-
-    def load(self, h: int) -> jax.Array:
-        """Head ``h`` as ``[rows, d]`` in the block's dtype."""
-        ref, layout, heads = self.ref, self.plan.layout, self.heads
-        if layout == "heads":
-            return ref[:, h, :]
-        if layout == "flat":
-            d = self.plan.flat_head_dim
-            return ref[:, h * d:(h + 1) * d]
-        if heads == 1:
-            return ref[...]
-        if self.words is None:
-            return ref[pl.ds(h, self.rows, stride=heads), :]
-        word = self.words[pl.ds(h // 2, self.rows, stride=heads // 2), :]
-        half = word & U32(_HIGH_HALF) if h % 2 else word << 16
-        return pltpu.bitcast(half, F32).astype(ref.dtype)
-
-    def store(self, value_of: Callable[[int], jax.Array]) -> None:
-        """Write every head ``h`` as ``value_of(h)`` (fp32 ``[rows, d]``), in the block's dtype."""
-        ref, layout, heads = self.ref, self.plan.layout, self.heads
-        if layout != "rows" or heads == 1 or self.words is None:
-            for h in range(heads):
-                value = value_of(h).astype(ref.dtype)
-                if layout == "heads":
-                    ref[:, h, :] = value
-                elif layout == "flat":
-                    d = self.plan.flat_head_dim
-                    ref[:, h * d:(h + 1) * d] = value
-                elif heads == 1:
-                    ref[...] = value
-                else:
-                    ref[pl.ds(h, self.rows, stride=heads), :] = value
-            return
-        for m in range(heads // 2):
-            low, high = (pltpu.bitcast(value_of(h).astype(ref.dtype).astype(F32), U32)
-                         for h in (2 * m, 2 * m + 1))
-            self.words[pl.ds(m, self.rows, stride=heads // 2), :] = (
-                (high & U32(_HIGH_HALF)) | (low >> 16))
-        ref[...] = pltpu.bitcast(self.words[...], ref.dtype)
-
-
-def _needs_words(plan: Plan, dtype) -> bool:
-    """Whether blocks of ``dtype`` are read through a 32-bit copy (layout "rows", 16 bits)."""
-    return plan.layout == "rows" and jnp.dtype(dtype).itemsize < 4
-
 
 def _lanes(x: jax.Array, width: int) -> jax.Array:
     """Lane-replicated row statistics ``[rows, 128]`` as ``[rows, width]``."""
@@ -165,13 +90,13 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
 
     lengths_ref: int32 ``[batch]`` key lengths (SMEM). q_ref, o_ref: ``[block_q, q heads, d]``
     (o in the input dtype); k_ref, v_ref: ``[block_k, kv heads, d]`` (other layouts:
-    ``_Heads``); then, ``with_lse`` only, lse_ref: fp32 ``[q heads, 1, block_q]``. Scratch per
+    ``heads.Heads``); then, ``with_lse`` only, lse_ref: fp32 ``[q heads, 1, block_q]``. Scratch per
     query head: fp32 running max and sum ``[q heads, block_q, 128]``, accumulator
     ``[q heads, block_q, d]``; then the 32-bit copies of q, k, v (layout "rows", 16 bits).
     """
-    refs, words = _split_words(refs, 3 * _needs_words(plan, q_ref.dtype))
+    refs, words = _split_words(refs, 3 * needs_words(plan, q_ref.dtype))
     lse_ref, (m_scratch, l_scratch, acc_scratch) = (refs[0], refs[1:]) if with_lse else (None, refs)
-    q, k, v = (_Heads(ref, n, plan, w) for ref, n, w in zip(
+    q, k, v = (Heads(ref, n, plan, w) for ref, n, w in zip(
         (q_ref, k_ref, v_ref), (plan.q_head_block, plan.kv_head_block, plan.kv_head_block),
         words or (None,) * 3))
     b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
@@ -208,7 +133,7 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
             if with_lse:
                 lse_ref[h] = _row(lse)
             return out
-        _Heads(o_ref, plan.q_head_block, plan, q.words).store(out_of)
+        Heads(o_ref, plan.q_head_block, plan, q.words).store(out_of)
 
 
 def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref, di_ref,
@@ -216,7 +141,7 @@ def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref,
     """dQ (and ``di``) of one (batch, kv-head block, query block, key block) grid step.
 
     q_ref, do_ref, o_ref, dq_ref: ``[block_q, q heads, d]``; k_ref, v_ref:
-    ``[block_k, kv heads, d]`` (other layouts: ``_Heads``); lse_ref, di_ref: fp32
+    ``[block_k, kv heads, d]`` (other layouts: ``heads.Heads``); lse_ref, di_ref: fp32
     ``[q heads, 1, block_q]``. Once per query block, lse becomes lane-replicated
     ``[block_q, 128]`` scratch and ``di = rowsum(dO ⊙ O)`` is computed (fp32), kept likewise and
     written lane-dense for the dK/dV kernel. dq_ref in the input dtype, accumulated over key
@@ -224,9 +149,9 @@ def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref,
     first, then dQ's on the way out), dO, k, v (layout "rows", 16 bits).
     """
     heads = (plan.q_head_block, plan.q_head_block, plan.kv_head_block, plan.kv_head_block)
-    q, do, k, v = (_Heads(ref, n, plan, w) for ref, n, w in zip(
+    q, do, k, v = (Heads(ref, n, plan, w) for ref, n, w in zip(
         (q_ref, do_ref, k_ref, v_ref), heads, words or (None,) * 4))
-    o = _Heads(o_ref, plan.q_head_block, plan, q.words)
+    o = Heads(o_ref, plan.q_head_block, plan, q.words)
     b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     block_q, block_k = q.rows, k.rows
     length = lengths_ref[b]
@@ -261,7 +186,7 @@ def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref,
 
     @pl.when(ki == num_k_blocks - 1)
     def _store():
-        _Heads(dq_ref, plan.q_head_block, plan, q.words).store(lambda h: dq_scratch[h])
+        Heads(dq_ref, plan.q_head_block, plan, q.words).store(lambda h: dq_scratch[h])
 
 
 def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref,
@@ -271,13 +196,13 @@ def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_re
     Each kv head's group of query heads is walked inside the step, their contributions adding
     up in the fp32 scratch ``[kv heads, block_k, d]``: K and V are never repeated. q_ref,
     do_ref: ``[block_q, q heads, d]``; k_ref, v_ref, dk_ref, dv_ref: ``[block_k, kv heads, d]``
-    (other layouts: ``_Heads``); lse_ref, di_ref: fp32 ``[q heads, 1, block_q]``. Scores are
+    (other layouts: ``heads.Heads``); lse_ref, di_ref: fp32 ``[q heads, 1, block_q]``. Scores are
     computed transposed, ``[block_k, block_q]``, so ``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` are plain
     matmuls. ``words``: 32-bit copies of q, dO, k (then dK's), v (then dV's) (layout "rows",
     16 bits).
     """
     heads = (plan.q_head_block, plan.q_head_block, plan.kv_head_block, plan.kv_head_block)
-    q, do, k, v = (_Heads(ref, n, plan, w) for ref, n, w in zip(
+    q, do, k, v = (Heads(ref, n, plan, w) for ref, n, w in zip(
         (q_ref, do_ref, k_ref, v_ref), heads, words or (None,) * 4))
     b, ki, qi = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     block_q, block_k = q.rows, k.rows
@@ -311,8 +236,8 @@ def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_re
 
     @pl.when(qi == num_q_blocks - 1)
     def _store():
-        _Heads(dk_ref, plan.kv_head_block, plan, k.words).store(lambda j: dk_scratch[j])
-        _Heads(dv_ref, plan.kv_head_block, plan, v.words).store(lambda j: dv_scratch[j])
+        Heads(dk_ref, plan.kv_head_block, plan, k.words).store(lambda j: dk_scratch[j])
+        Heads(dv_ref, plan.kv_head_block, plan, v.words).store(lambda j: dv_scratch[j])
 
 
 def _visible_pairs(plan: Plan) -> int:
@@ -340,7 +265,7 @@ def _least_cost(plan: Plan, matmuls: int, head_dim: int, arrays, out_shape) -> p
 def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, semantics,
           matmuls: int, words=()):
     """The pallas_call of ``kernel``, declaring ``matmuls`` products per visible pair; fp32
-    ``scratch`` shapes, then 32-bit ``words`` shapes (``_needs_words``)."""
+    ``scratch`` shapes, then 32-bit ``words`` shapes (``heads.needs_words``)."""
 
     def call(lengths, *arrays):
         return pl.pallas_call(
@@ -348,7 +273,7 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, sem
             grid_spec=pltpu.PrefetchScalarGridSpec(
                 num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
                 scratch_shapes=[*(pltpu.VMEM(shape, F32) for shape in scratch),
-                                *(pltpu.VMEM(shape, U32) for shape in words)]),
+                                *(pltpu.VMEM(shape, WORD) for shape in words)]),
             out_shape=out_shape,
             compiler_params=pltpu.CompilerParams(dimension_semantics=semantics,
                                                  vmem_limit_bytes=VMEM_LIMIT),
@@ -400,7 +325,7 @@ def _seq_len(x: jax.Array, heads: int, plan: Plan) -> int:
 
 def _words(plan: Plan, dtype, block_q: int, block_k: int, d: int, q_side: int, kv_side: int):
     """Shapes of the 32-bit copies of ``q_side`` query-side and ``kv_side`` K/V-side blocks."""
-    if not _needs_words(plan, dtype):
+    if not needs_words(plan, dtype):
         return []
     q_rows, kv_rows = block_q * plan.q_head_block // 2, block_k * plan.kv_head_block // 2
     return [(q_rows, d)] * q_side + [(kv_rows, d)] * kv_side
