@@ -41,7 +41,7 @@ class Heads:
 
     def copy_words(self) -> None:
         """Refresh the 32-bit copy (layout "rows", 16 bits) after a new block arrives."""
-        if self.words is not None:
+        if self.words is not None and self.heads > 1:  # one head is the whole block
             self.words[...] = pltpu.bitcast(self.ref[...], WORD)
 
     def load(self, h: int) -> jax.Array:
@@ -62,19 +62,10 @@ class Heads:
 
     def store(self, value_of: Callable[[int], jax.Array]) -> None:
         """Write every head ``h`` as ``value_of(h)`` (fp32 ``[rows, d]``), in the block's dtype."""
-        ref, layout, heads = self.ref, self.plan.layout, self.heads
-        if layout != "rows" or heads == 1 or self.words is None:
+        ref, heads = self.ref, self.heads
+        if self.words is None or heads == 1:
             for h in range(heads):
-                value = value_of(h).astype(ref.dtype)
-                if layout == "heads":
-                    ref[:, h, :] = value
-                elif layout == "flat":
-                    d = self.plan.flat_head_dim
-                    ref[:, h * d:(h + 1) * d] = value
-                elif heads == 1:
-                    ref[...] = value
-                else:
-                    ref[pl.ds(h, self.rows, stride=heads), :] = value
+                self._put(h, value_of(h).astype(ref.dtype))
             return
         for m in range(heads // 2):
             low, high = (pltpu.bitcast(value_of(h).astype(ref.dtype).astype(F32), WORD)
@@ -82,6 +73,19 @@ class Heads:
             self.words[pl.ds(m, self.rows, stride=heads // 2), :] = (
                 (high & WORD(_HIGH_HALF)) | (low >> 16))
         ref[...] = pltpu.bitcast(self.words[...], ref.dtype)
+
+    def _put(self, h: int, value: jax.Array) -> None:
+        """Write head ``h`` (``value`` in the block's dtype) where ``load(h)`` reads it."""
+        ref, layout, heads = self.ref, self.plan.layout, self.heads
+        if layout == "heads":
+            ref[:, h, :] = value
+        elif layout == "flat":
+            d = self.plan.flat_head_dim
+            ref[:, h * d:(h + 1) * d] = value
+        elif heads == 1:
+            ref[...] = value
+        else:
+            ref[pl.ds(h, self.rows, stride=heads), :] = value
 
 
 def needs_words(plan: Plan, dtype) -> bool:
