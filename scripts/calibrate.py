@@ -23,17 +23,14 @@ import argparse
 import json
 import math
 import os
-import sys
 import time
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 HELD_OUT_FIRST_SEED = 1000
 RULE_MARGIN = 1.25
 
 
 def _correct_candidates() -> list[str]:
-    from grading.candidates import BUILTIN
+    from tpu_kernel_records_tools.grading.candidates import BUILTIN
     return [n for n, c in BUILTIN.items() if c.kind in ("reference", "correct-variant")]
 
 
@@ -45,7 +42,7 @@ def _done(path: str) -> set[int]:
 
 
 def run(seeds: int, out: str, candidates: list[str]) -> None:
-    from grading.power import measure_power
+    from tpu_kernel_records_tools.grading.power import measure_power
 
     order = [s for pair in zip(range(seeds), range(HELD_OUT_FIRST_SEED, HELD_OUT_FIRST_SEED + seeds)) for s in pair]
     done = _done(out)
@@ -73,7 +70,7 @@ def _worst(calibration: dict) -> tuple[float, float]:
 
 
 def report(path: str) -> str:
-    from grading.tolerance import POLICY
+    from tpu_kernel_records_tools.grading.tolerance import POLICY
 
     with open(path) as f:
         lines = [json.loads(line) for line in f if line.strip()]

@@ -49,14 +49,15 @@ class Target:
 
 
 TARGETS = {t.name: t for t in (
-    Target("tolerance", "grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
-    Target("truth", "grading/oracle.py", ("tests/test_truth.py",), 20),
+    Target("tolerance", "tpu_kernel_records_tools/grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
+    Target("truth", "tpu_kernel_records_tools/grading/oracle.py", ("tests/test_truth.py",), 20),
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
-    Target("checks", "grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
+    Target("checks", "tpu_kernel_records_tools/grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
                                          "tests/test_checks_quick.py"), 20),
-    Target("rules", "builder/rules.py", ("tests/test_rule_refusals.py", "tests/test_rule_refusals_compiled_tpu.py"), 20),
-    Target("derive", "builder/derive.py", ("tests/test_rule_refusals.py", "tests/test_verify.py"), 8),
-    Target("verify", "builder/verify.py", ("tests/test_verify.py",), 8),
+    Target("rules", "tpu_kernel_records_tools/builder/rules.py",
+           ("tests/test_rule_refusals.py", "tests/test_rule_refusals_compiled_tpu.py"), 20),
+    Target("derive", "tpu_kernel_records_tools/builder/derive.py", ("tests/test_rule_refusals.py", "tests/test_verify.py"), 8),
+    Target("verify", "tpu_kernel_records_tools/builder/verify.py", ("tests/test_verify.py",), 8),
 )}
 
 # Surviving mutants that change no observable behaviour: (path, original line, mutated line) -> why.
@@ -65,22 +66,24 @@ _DENOM = ("the softmax denominator is 0 (no visible key) or >= 1 (the row max co
           "other terms are >= 0), so `> 0` and `> 1` pick the same divisor")
 _EMPTY = ("e is exactly 0 on every key of a row whose denominator is 0 (no visible key), so any nonzero divisor "
           "there gives the same exact zeros")
+ORACLE = "tpu_kernel_records_tools/grading/oracle.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
-    ("grading/oracle.py", "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 0, denom, 2.0)"): _EMPTY,
-    ("grading/oracle.py", "return e / np.where(denom > 0, denom, 1.0)",
+    (ORACLE, "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 0, denom, 2.0)"): _EMPTY,
+    (ORACLE, "return e / np.where(denom > 0, denom, 1.0)",
      "return e / np.where(denom > 0, denom, 2.0)"): _EMPTY,
     ("kernel_src/reference.py", "return p / jnp.where(denom > 0, denom, 1.0)",
      "return p / jnp.where(denom > 0, denom, 2.0)"): _EMPTY,
-    ("grading/oracle.py", "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 1, denom, 1.0)"): _DENOM,
-    ("grading/oracle.py", "return e / np.where(denom > 0, denom, 1.0)",
+    (ORACLE, "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 1, denom, 1.0)"): _DENOM,
+    (ORACLE, "return e / np.where(denom > 0, denom, 1.0)",
      "return e / np.where(denom > 1, denom, 1.0)"): _DENOM,
     ("kernel_src/reference.py", "return p / jnp.where(denom > 0, denom, 1.0)",
      "return p / jnp.where(denom > 1, denom, 1.0)"): _DENOM,
-    ("builder/rules.py", 'if benchmark["source"] == "measured":', 'if benchmark["source"] <= "measured":'):
+    ("tpu_kernel_records_tools/builder/rules.py", 'if benchmark["source"] == "measured":',
+     'if benchmark["source"] <= "measured":'):
         "only 'measured' and 'published-summary' reach this line (the schema's third source, grader-power, "
         "returned earlier, and the consistency rule makes the benchmark's source the environment's), and "
         "'published-summary' > 'measured'",
-    ("builder/derive.py", 'message = str(e).split(": ", 1)[-1]', 'message = str(e).split(": ", 1)[1]'):
+    ("tpu_kernel_records_tools/builder/derive.py", 'message = str(e).split(": ", 1)[-1]', 'message = str(e).split(": ", 1)[1]'):
         "a RunError's text is always '[rule] where: message', so the split has exactly two parts and [1] is [-1]",
 }
 

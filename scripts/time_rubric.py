@@ -27,7 +27,7 @@ import sys
 CHILD = r"""
 import json, sys, time
 t0 = time.perf_counter()
-from grading import rubric
+from tpu_kernel_records_tools.grading import rubric
 t_import = time.perf_counter() - t0
 name, level, first, seeds = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 t = time.perf_counter()

@@ -21,7 +21,7 @@ import sys
 
 CHILD = r"""
 import json, resource, sys, time
-from grading import rubric, runner, sandbox
+from tpu_kernel_records_tools.grading import rubric, runner, sandbox
 
 name, level, starts = sys.argv[1], sys.argv[2], int(sys.argv[3])
 start_s = []

@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from records import rawio
+from tpu_kernel_records_tools.records import rawio
 
 RUN_ID = "published-tpu-v5e-8"
 WORDS = {"one": 1, "two": 2, "four": 4, "five": 5, "seven": 7, "eight": 8, "ten": 10, "twenty": 20}

@@ -8,8 +8,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grading import tolerance
-from grading.problems import Problem
+from tpu_kernel_records_tools.grading import tolerance
+from tpu_kernel_records_tools.grading.problems import Problem
 from kernel_src.backend import reset_tpu_interpret_state, tpu_interpret_params
 
 

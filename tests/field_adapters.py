@@ -18,7 +18,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from grading.candidates import jit_contract
+from tpu_kernel_records_tools.grading.candidates import jit_contract
 from kernel_src.contract import visibility_mask
 from kernel_src.reference import reference_attention
 from kernel_src.sharded import attention_mesh, sharded_attention

@@ -13,9 +13,9 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grading import checks as C
-from grading.candidates import resolve
-from grading.rubric import CheckResult, Scorecard
+from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.candidates import resolve
+from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard
 
 
 class InProcessRunner:

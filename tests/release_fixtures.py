@@ -14,9 +14,9 @@ import shutil
 from pathlib import Path
 from typing import Any, Callable
 
-from bench import roofline, stats
-from bench.cases import build_cases, get_profile
-from records import rawio
+from tpu_kernel_records_tools.bench import roofline, stats
+from tpu_kernel_records_tools.bench.cases import build_cases, get_profile
+from tpu_kernel_records_tools.records import rawio
 
 SYNTHETIC = "SYNTHETIC TEST DATA: made up by tests/release_fixtures.py, not a measurement."
 

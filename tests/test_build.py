@@ -3,7 +3,6 @@ rebuilds are byte-identical. Everything runs on temporary copies, never on the r
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -14,12 +13,12 @@ import pyarrow.parquet as pq
 import pytest
 
 import release_fixtures as testing
-from cli import main as commands
-from builder.build import BuildError, build
+from tpu_kernel_records_tools.cli import main as commands
+from tpu_kernel_records_tools.builder.build import BuildError, build
 from release_fixtures import PUBLISHED, REPO, tree_hash
-from builder.verify import verify
-from records import rawio
-from records.schema import CONFIG_NAMES, FEATURES
+from tpu_kernel_records_tools.builder.verify import verify
+from tpu_kernel_records_tools.records import rawio
+from tpu_kernel_records_tools.records.schema import CONFIG_NAMES, FEATURES
 
 
 def _table(data: Path, config: str, record: str) -> list[dict]:
@@ -235,7 +234,7 @@ def test_a_failure_mid_build_leaves_data_untouched(ws, monkeypatch):
     def disk_full(table, path):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("builder.build.write_parquet", disk_full)
+    monkeypatch.setattr("tpu_kernel_records_tools.builder.build.write_parquet", disk_full)
     with pytest.raises(OSError, match="No space"):
         build([run], ws / "data", allow_interpret=True)
     _assert_untouched(ws, before, listing)
@@ -248,9 +247,8 @@ def test_new_record_leaves_old_files_alone(ws):
     assert (ws / "data" / "benchmark" / "synthetic-cpu-5.parquet").is_file() and verify(ws / "data") == []
 
 
-@pytest.mark.skipif(importlib.util.find_spec("measure.run") is None, reason="measure.run is not written yet")
 def test_real_tiny_cpu_run_builds_with_allow_interpret(tmp_path, monkeypatch):
-    from measure import run as run_module
+    from tpu_kernel_records_tools.measure import run as run_module
 
     # Grading the Pallas kernel in interpret mode takes minutes on a CPU: grade cheap candidates instead,
     # as tests/test_measure_run.py does; the benchmark itself is real.
@@ -314,7 +312,7 @@ def test_a_held_lock_refuses_after_the_timeout_and_writes_nothing(ws, monkeypatc
 
     from filelock import FileLock
 
-    monkeypatch.setattr("builder.build.LOCK_TIMEOUT_S", 0.2)
+    monkeypatch.setattr("tpu_kernel_records_tools.builder.build.LOCK_TIMEOUT_S", 0.2)
     key = hashlib.sha256(str((ws / "data").resolve()).encode()).hexdigest()[:16]
     run = testing.write(ws / "runs", "synthetic-cpu-8")
     before, listing = tree_hash(ws / "data", ws / "dataset_card.md"), sorted(os.listdir(ws))

@@ -14,11 +14,11 @@ import pyarrow.parquet as pq
 import pytest
 
 import release_fixtures as testing
-from bench import compiled
-from bench.benchmark import COMPILED_SOURCES, compiled_hlo_path
-from builder.build import BuildError, build
-from builder.verify import verify
-from records import rawio
+from tpu_kernel_records_tools.bench import compiled
+from tpu_kernel_records_tools.bench.benchmark import COMPILED_SOURCES, compiled_hlo_path
+from tpu_kernel_records_tools.builder.build import BuildError, build
+from tpu_kernel_records_tools.builder.verify import verify
+from tpu_kernel_records_tools.records import rawio
 
 REASON = compiled.unavailable_reason()
 needs_libtpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
@@ -33,7 +33,7 @@ def _stub_grade(kernels, *, seed, progress, known_bad=None):
 
 def _measure(out: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A real tiny softmax benchmark (xla and pallas cases) with a stub scorecard."""
-    from measure import run as run_module
+    from tpu_kernel_records_tools.measure import run as run_module
 
     monkeypatch.setattr(run_module, "grade", _stub_grade)
     return run_module.run_measure(out, profile="tiny", warmups=0, samples=2, scopes=["softmax"],
@@ -129,8 +129,8 @@ WHY = "libtpu is not installed: `pip install 'libtpu==0.0.42.*'` (test)"
 
 
 def test_without_libtpu_the_field_is_null_with_a_reason(monkeypatch):
-    from bench import benchmark
-    from bench.cases import get_profile
+    from tpu_kernel_records_tools.bench import benchmark
+    from tpu_kernel_records_tools.bench.cases import get_profile
 
     monkeypatch.setattr(compiled, "unavailable_reason", lambda: WHY)
     result = benchmark.run_benchmark(get_profile("tiny"), ["softmax"], warmups=0, samples=1,
@@ -147,8 +147,8 @@ def test_without_libtpu_the_field_is_null_with_a_reason(monkeypatch):
 
 
 def test_a_compile_error_is_a_reason_not_a_failed_case():
-    from bench import benchmark
-    from bench.cases import build_cases, get_profile
+    from tpu_kernel_records_tools.bench import benchmark
+    from tpu_kernel_records_tools.bench.cases import build_cases, get_profile
 
     case = next(c for c in build_cases(get_profile("tiny"), ["softmax"], platform="cpu")[0]
                 if c.tpu_fn is not None)

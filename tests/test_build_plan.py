@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 
 import release_fixtures as testing
-from bench.plan import LABEL
-from builder import plan
-from builder.build import BuildError, build
-from builder.verify import verify
-from cli import main as commands
+from tpu_kernel_records_tools.bench.plan import LABEL
+from tpu_kernel_records_tools.builder import plan
+from tpu_kernel_records_tools.builder.build import BuildError, build
+from tpu_kernel_records_tools.builder.verify import verify
+from tpu_kernel_records_tools.cli import main as commands
 from release_fixtures import PUBLISHED
 
 

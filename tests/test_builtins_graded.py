@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from grading.candidates import BUILTIN
-from grading.rubric import grade
+from tpu_kernel_records_tools.grading.candidates import BUILTIN
+from tpu_kernel_records_tools.grading.rubric import grade
 
 ADAPTERS = Path(__file__).with_name("field_adapters.py")
 QUICK = {"level": "quick"} if "level" in inspect.signature(grade).parameters else {}

@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from grading import checks
-from grading.candidates import (BUILTIN, KINDS, Candidate, CandidateLoadError, CandidateSpecError,
-                                resolve)
+from tpu_kernel_records_tools.grading import checks
+from tpu_kernel_records_tools.grading.candidates import (BUILTIN, KINDS, Candidate, CandidateLoadError,
+                                                         CandidateSpecError, resolve)
 
 CHECK_NAMES = {spec.name for spec in checks.CHECKS} | {checks.FINITE.name}
 
@@ -46,7 +46,7 @@ def test_bad_specs_raise_a_clear_error(spec):
 
 
 EXTERNAL = """
-from grading.candidates import reference
+from tpu_kernel_records_tools.grading.candidates import reference
 
 def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
@@ -95,7 +95,7 @@ def test_missing_module_is_a_load_error():
 
 
 def test_kernel_loader_reports_a_missing_kernel():
-    from grading.candidates import _kernel
+    from tpu_kernel_records_tools.grading.candidates import _kernel
     from kernel_src.registry import Implementation
 
     ghost = Implementation("ghost", "kernel_src.no_such_kernel:f", "kernel", "absent", scopes=(), pallas=True)

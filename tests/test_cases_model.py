@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from bench import roofline
-from bench.cases import MODEL_SCOPES, SCOPES, build_cases, get_profile
+from tpu_kernel_records_tools.bench import roofline
+from tpu_kernel_records_tools.bench.cases import MODEL_SCOPES, SCOPES, build_cases, get_profile
 
 
 def _model(platform: str, profile: str):
@@ -85,8 +85,7 @@ def test_model_inputs_match_their_abstract_shapes_without_building_them_big(monk
     """``make_inputs`` follows ``abstract_args`` (checked on a shrunken copy of the shapes)."""
     import dataclasses
 
-    import bench.cases as cases_module
-
+    from tpu_kernel_records_tools.bench import cases as cases_module
     small = dataclasses.replace(cases_module.MODEL_SHAPES, batch=1, heads=((4, 2),), head_dim=8,
                                 seq_lens=(16,))
     profile = dataclasses.replace(get_profile("tpu-v5e"), model=small)
@@ -106,7 +105,7 @@ def test_the_forward_backward_program_returns_the_vjp_at_its_cotangent():
     import jax.numpy as jnp
     import numpy as np
 
-    import bench.cases as cases_module
+    from tpu_kernel_records_tools.bench import cases as cases_module
     from kernel_src import reference_attention
 
     small = dataclasses.replace(cases_module.MODEL_SHAPES, batch=1, heads=((4, 2),), head_dim=8,

@@ -9,9 +9,9 @@ import re
 import numpy as np
 import pytest
 
-from grading import checks as C
-from grading.candidates import BUILTIN
-from grading.problems import Dims, draw_shapes, normal
+from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.candidates import BUILTIN
+from tpu_kernel_records_tools.grading.problems import Dims, draw_shapes, normal
 from tests.grading_inprocess import InProcessRunner
 
 

@@ -18,8 +18,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grading import checks as C
-from grading.candidates import BUILTIN, jit_contract, reference
+from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.candidates import BUILTIN, jit_contract, reference
 from kernel_src.contract import visibility_mask
 from tests.grading_inprocess import InProcessRunner
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 import release_fixtures as testing
-from builder.build import build
-from cli import main as commands
-from records.schema import VERSION
+from tpu_kernel_records_tools.builder.build import build
+from tpu_kernel_records_tools.cli import main as commands
+from tpu_kernel_records_tools.records.schema import VERSION
 from release_fixtures import PUBLISHED, REPO
 
 
@@ -32,8 +32,8 @@ def test_version_is_the_release_version(capsys):
 
 
 def test_help_documents_the_exit_statuses():
-    out = subprocess.run([sys.executable, "-m", "cli", "--help"], cwd=REPO, capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run([sys.executable, "-m", "tpu_kernel_records_tools", "--help"], cwd=REPO,
+                         capture_output=True, text=True, check=True).stdout
     text = " ".join(out.split())
     for words in ("0 ok", "1 refused or failed", "2 usage", "3 unauthorized", "9 network"):
         assert words in text

@@ -14,7 +14,7 @@ from typing import Any, Callable
 import pytest
 
 import release_fixtures as testing
-from builder.build import BuildError, build
+from tpu_kernel_records_tools.builder.build import BuildError, build
 from release_fixtures import PUBLISHED, tree_hash
 
 
@@ -202,8 +202,8 @@ def test_published_summary_carrying_statistics_or_wrong_ratios_is_refused(ws, da
 
 def test_measure_captures_with_the_allow_list_the_builder_applies():
     """One allow-list: what the measure job records is what the builder accepts (records.secrets)."""
-    from measure import environment
-    from records import secrets
+    from tpu_kernel_records_tools.measure import environment
+    from tpu_kernel_records_tools.records import secrets
 
     assert environment.ALLOWED_NAMES == secrets.ALLOWED_NAMES
     assert environment.ALLOWED_PREFIXES == secrets.ALLOWED_PREFIXES

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from measure import environment
-from records import rawio
+from tpu_kernel_records_tools.measure import environment
+from tpu_kernel_records_tools.records import rawio
 
 SECRET = "canary-7f3a9c2e-do-not-publish"
 

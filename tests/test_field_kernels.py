@@ -20,7 +20,7 @@ from pathlib import Path
 import jax
 import pytest
 
-from grading.rubric import grade
+from tpu_kernel_records_tools.grading.rubric import grade
 
 ADAPTERS = Path(__file__).with_name("field_adapters.py")
 SLOW = pytest.mark.skipif(os.environ.get("TPU_KERNEL_RECORDS_SLOW_TESTS") != "1",

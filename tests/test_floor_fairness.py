@@ -15,9 +15,9 @@ from __future__ import annotations
 import jax
 import numpy as np
 
-from grading.candidates import BUILTIN
-from grading.problems import Dims, normal
-from grading.tolerance import POLICY, judge, needed_floor
+from tpu_kernel_records_tools.grading.candidates import BUILTIN
+from tpu_kernel_records_tools.grading.problems import Dims, normal
+from tpu_kernel_records_tools.grading.tolerance import POLICY, judge, needed_floor
 
 
 def test_flash_style_backward_passes_at_large_float32_logits():

@@ -14,12 +14,12 @@ import pytest
 import tpu_kernel_records as tkr
 
 import release_fixtures as testing
-from builder.build import BuildError, build
-from builder.grader_power import power_documents, write_power_run
-from builder.publish import publish
-from builder.verify import verify
-from cli import main as commands
-from records import rawio
+from tpu_kernel_records_tools.builder.build import BuildError, build
+from tpu_kernel_records_tools.builder.grader_power import power_documents, write_power_run
+from tpu_kernel_records_tools.builder.publish import publish
+from tpu_kernel_records_tools.builder.verify import verify
+from tpu_kernel_records_tools.cli import main as commands
+from tpu_kernel_records_tools.records import rawio
 from release_fixtures import PUBLISHED
 
 RUN_ID = "grader-power-20260101t000000z"

@@ -13,8 +13,8 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from records import rawio
-from kaggle_runner import run_kaggle as rk
+from tpu_kernel_records_tools.records import rawio
+from tpu_kernel_records_tools.kaggle_runner import run_kaggle as rk
 
 KAGGLE_DIR = Path(rk.__file__).parent
 BOOTSTRAP_ITEMS = rawio.load_schema("environment")["properties"]["bootstrap"]

@@ -19,8 +19,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grading import oracle, tolerance
-from grading.problems import Problem
+from tpu_kernel_records_tools.grading import oracle, tolerance
+from tpu_kernel_records_tools.grading.problems import Problem
 from kernel_src import (SoftmaxBlockSizes, masked_softmax, pallas_attention, reference_attention,
                         reference_masked_softmax, registry)
 from kernel_src.backend import tpu_interpret_races_found
@@ -259,7 +259,7 @@ def test_contract_violations_raise(impl):
 
 
 def test_registry_declares_each_implementation_once_and_loads_it():
-    from bench.cases import SCOPES
+    from tpu_kernel_records_tools.bench.cases import SCOPES
 
     impls = registry.IMPLEMENTATIONS
     assert set(IMPLS) == {"xla", "pallas"}

@@ -27,9 +27,9 @@ from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
 
 import tpu_kernel_records as tkr
 import release_fixtures as testing
-from builder.build import build
-from builder.publish import publish
-from records.schema import CHECKSUMS, CONFIG_NAMES, DEFAULT_CONFIG, FEATURES, LICENSE, VERSION
+from tpu_kernel_records_tools.builder.build import build
+from tpu_kernel_records_tools.builder.publish import publish
+from tpu_kernel_records_tools.records.schema import CHECKSUMS, CONFIG_NAMES, DEFAULT_CONFIG, FEATURES, LICENSE, VERSION
 from release_fixtures import PUBLISHED
 
 

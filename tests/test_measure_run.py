@@ -12,15 +12,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from records import rawio
-from measure import run as run_module
-from bench.benchmark import BenchmarkResult, run_case
-from bench.cases import SCOPES, build_cases, get_profile
-from cli.main import main
+from tpu_kernel_records_tools.records import rawio
+from tpu_kernel_records_tools.measure import run as run_module
+from tpu_kernel_records_tools.bench.benchmark import BenchmarkResult, run_case
+from tpu_kernel_records_tools.bench.cases import SCOPES, build_cases, get_profile
+from tpu_kernel_records_tools.cli.main import main
 
 CANARY = "canary-0d1e2f3a-must-never-be-written"
 SECRET_NAMES = ("HF_TOKEN", "KAGGLE_KEY", "TPU_SECRET_TOKEN")
-HAS_RUBRIC = importlib.util.find_spec("grading.rubric") is not None
+HAS_RUBRIC = importlib.util.find_spec("tpu_kernel_records_tools.grading.rubric") is not None
 REAL_GRADE = run_module.grade
 
 
@@ -143,10 +143,9 @@ def test_the_measured_kernels_decide_the_candidates():
 
 
 def test_grading_never_raises_when_the_rubric_cannot_run(monkeypatch):
-    import grading
-
+    from tpu_kernel_records_tools import grading
     monkeypatch.setattr(grading, "rubric", None, raising=False)
-    monkeypatch.setitem(__import__("sys").modules, "grading.rubric", None)
+    monkeypatch.setitem(__import__("sys").modules, "tpu_kernel_records_tools.grading.rubric", None)
     (card,) = run_module.grade(["pallas"], seed=0, progress=False)
     assert card["candidate"] == "pallas" and not card["passed"] and "Error" in card["error"]
 
@@ -244,9 +243,9 @@ def test_cli_rejects_bad_counts_and_scopes(capsys):
 
 SHARDED_SCRIPT = r"""
 import dataclasses, json
-from records import rawio
-from bench.benchmark import pair_record, run_case
-from bench.cases import build_cases, get_profile
+from tpu_kernel_records_tools.records import rawio
+from tpu_kernel_records_tools.bench.benchmark import pair_record, run_case
+from tpu_kernel_records_tools.bench.cases import build_cases, get_profile
 profile = dataclasses.replace(get_profile("tiny"), batch=2)
 cases, pairs = build_cases(profile, ["flash", "sharded"])
 records = [run_case(c, warmups=1, samples=2, device_kind="cpu")[0] for c in cases]
@@ -283,7 +282,7 @@ def test_flash_and_sharded_scopes_on_two_host_devices():
 
 
 def test_power_seeds_fill_the_optional_power_summary(tmp_path, replay, monkeypatch):
-    from grading import power
+    from tpu_kernel_records_tools.grading import power
 
     calls = []
     summary = {"seeds": 3, "shapes": [], "policy": {"k": {"forward": 5.0, "gradient": 6.0}, "floor": {"value": 1e-7}},
@@ -295,7 +294,7 @@ def test_power_seeds_fill_the_optional_power_summary(tmp_path, replay, monkeypat
 
 
 def test_measured_kernels_are_graded_at_the_full_level_and_known_bad_at_quick(monkeypatch):
-    from grading import rubric
+    from tpu_kernel_records_tools.grading import rubric
 
     asked = {}
 

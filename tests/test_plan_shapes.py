@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from bench.cases import MODEL_SCOPES, get_profile
-from bench.plan import MODES, plan_shapes
-from builder.plan import check_plan
-from records.rawio import RunError
+from tpu_kernel_records_tools.bench.cases import MODEL_SCOPES, get_profile
+from tpu_kernel_records_tools.bench.plan import MODES, plan_shapes
+from tpu_kernel_records_tools.builder.plan import check_plan
+from tpu_kernel_records_tools.records.rawio import RunError
 
 
 def test_every_flash_length_and_every_model_shape_where_xla_fits():
@@ -36,7 +36,7 @@ def test_lengths_and_modes_restrict_both_parts():
 
 
 def test_a_row_with_an_unknown_scope_is_refused():
-    from bench.plan import LABEL
+    from tpu_kernel_records_tools.bench.plan import LABEL
 
     row = dict(scope="model-bwd", seq=128, batch=8, num_q_heads=4, num_kv_heads=2, head_dim=128, mode="fwd",
                xla_flops=1.0, xla_bytes=1.0, xla_floor_ms=1e3 / 819e9, flash_kernel_flops=None,
@@ -47,7 +47,7 @@ def test_a_row_with_an_unknown_scope_is_refused():
 
 
 def _xla_floor(row):
-    from builder.plan import _floor_ms
+    from tpu_kernel_records_tools.builder.plan import _floor_ms
 
     return _floor_ms(row["xla_flops"], row["xla_bytes"])
 
@@ -55,8 +55,8 @@ def _xla_floor(row):
 def test_the_card_names_the_profile_shapes_a_plan_lacks(tmp_path):
     import json
 
-    from bench.plan import LABEL
-    from builder.plan import PLAN_FILE, missing_shapes, section
+    from tpu_kernel_records_tools.bench.plan import LABEL
+    from tpu_kernel_records_tools.builder.plan import PLAN_FILE, missing_shapes, section
 
     shapes = plan_shapes("tpu-v5e")
     rows = []

@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from cli.rubric import main
-from grading import power as P
-from grading.rubric import CheckResult, Scorecard
-from records import rawio
+from tpu_kernel_records_tools.cli.rubric import main
+from tpu_kernel_records_tools.grading import power as P
+from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard
+from tpu_kernel_records_tools.records import rawio
 from tests import grading_inprocess
 
 
@@ -56,7 +56,7 @@ def _card(name, kind, passed, failed=()):
 
 def test_rates_count_what_happened(monkeypatch):
     """A correct candidate rejected once and a known-bad one missed once are counted as such."""
-    from grading.candidates import Candidate
+    from tpu_kernel_records_tools.grading.candidates import Candidate
 
     good = Candidate("good", "correct-variant", "ok", lambda: None)
     bad = Candidate("bad", "known-bad", "bug", lambda: None, catches=("a",))
@@ -77,7 +77,7 @@ def test_rates_count_what_happened(monkeypatch):
 
 
 def test_kernel_seeds_limit_kernels_only(monkeypatch):
-    from grading.candidates import Candidate
+    from tpu_kernel_records_tools.grading.candidates import Candidate
 
     seen = {}
 

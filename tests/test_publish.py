@@ -10,11 +10,11 @@ from types import SimpleNamespace
 import pytest
 
 import release_fixtures as testing
-from cli import main as commands
-from builder.build import build
-from builder.card import without_usage
-from builder.publish import PublishError, publish, staged_files
-from records.schema import VERSION
+from tpu_kernel_records_tools.cli import main as commands
+from tpu_kernel_records_tools.builder.build import build
+from tpu_kernel_records_tools.builder.card import without_usage
+from tpu_kernel_records_tools.builder.publish import PublishError, publish, staged_files
+from tpu_kernel_records_tools.records.schema import VERSION
 from release_fixtures import PUBLISHED
 
 
@@ -161,5 +161,5 @@ def test_stage_writes_the_release_folder_only(ws):
     with pytest.raises(PublishError, match="must not be named 'tpu_kernel_records'"):
         publish(ws, "me/tpu-kernel-records", "1.0.0", stage_dir=ws / "tpu_kernel_records", out=lambda line: None)
     # The staged release verifies on its own, with README.md as the card.
-    from builder.verify import verify
+    from tpu_kernel_records_tools.builder.verify import verify
     assert verify(dest / "data") == []

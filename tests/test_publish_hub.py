@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 import release_fixtures as testing
-from builder.build import build
-from builder.publish import HUB_STATUS
-from cli import main as commands
+from tpu_kernel_records_tools.builder.build import build
+from tpu_kernel_records_tools.builder.publish import HUB_STATUS
+from tpu_kernel_records_tools.cli import main as commands
 from release_fixtures import PUBLISHED
 
 TOKEN = "hf_" + "StandInHubToken" * 3

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from records import rawio
+from tpu_kernel_records_tools.records import rawio
 
 
 def _docs(run_id="cpu-test-run"):

@@ -25,8 +25,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grading import oracle
-from grading.tolerance import error
+from tpu_kernel_records_tools.grading import oracle
+from tpu_kernel_records_tools.grading.tolerance import error
 from kernel_src import reference_attention
 
 U = 2.0 ** -24  # float32 unit roundoff

@@ -9,11 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grading import checks as C
-from grading import oracle, problems, tolerance
-from grading.candidates import BUILTIN, reference
+from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading import oracle, problems, tolerance
+from tpu_kernel_records_tools.grading.candidates import BUILTIN, reference
 from kernel_src.contract import Dims
-from records import rawio
+from tpu_kernel_records_tools.records import rawio
 from tests.grading_inprocess import InProcessRunner, grade
 
 BAD = sorted(n for n, c in BUILTIN.items() if c.kind == "known-bad")

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from records import rawio
-from grading.candidates import BUILTIN
-from cli.rubric import main
+from tpu_kernel_records_tools.records import rawio
+from tpu_kernel_records_tools.grading.candidates import BUILTIN
+from tpu_kernel_records_tools.cli.rubric import main
 
 
 def _valid(doc):
@@ -86,5 +86,5 @@ def test_version_exits_0(capsys):
 
 
 def test_time_limit_is_an_alias_of_timeout():
-    from cli.rubric import _parser
+    from tpu_kernel_records_tools.cli.rubric import _parser
     assert _parser().parse_args(["--time-limit", "7"]).time_limit == _parser().parse_args(["--timeout", "7"]).time_limit == 7

@@ -18,8 +18,8 @@ from typing import Any, Callable
 import pytest
 
 import release_fixtures as testing
-from builder import rules
-from records import rawio
+from tpu_kernel_records_tools.builder import rules
+from tpu_kernel_records_tools.records import rawio
 
 TPU_ENV = {"platform": "tpu", "interpret": False, "device_kind": "TPU v5 lite", "device_count": 8,
            "env_vars": {"TPU_ACCELERATOR_TYPE": "v5litepod-8"}}
@@ -374,7 +374,7 @@ def test_a_published_ratio_must_follow_from_its_medians_up_to_the_cards_rounding
 def test_a_record_folder_must_carry_its_own_run_id(tmp_path):
     """``builder.derive.read_record`` re-accepts data/raw/<id>: a folder renamed to another id is refused,
     and the refusal names the file under data/raw."""
-    from builder import derive
+    from tpu_kernel_records_tools.builder import derive
 
     raw = tmp_path / "data" / derive.RAW
     testing.write(raw, "synthetic-cpu")

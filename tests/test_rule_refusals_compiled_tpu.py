@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from builder import rules
-from records import rawio
+from tpu_kernel_records_tools.builder import rules
+from tpu_kernel_records_tools.records import rawio
 from test_rule_refusals import _base
 
 

@@ -16,8 +16,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from grading import sandbox
-from grading.rubric import grade, grade_all
+from tpu_kernel_records_tools.grading import sandbox
+from tpu_kernel_records_tools.grading.rubric import grade, grade_all
 
 HOSTILE = Path(__file__).parent / "hostile"
 MARKER = "hf_fakefakefake"  # a fake Hub token put in the grader's environment
@@ -71,7 +71,7 @@ def test_scorecard_numbers_are_always_valid_json():
     """Whatever a check computed (NumPy scalars, NaN, Inf), the scorecard is valid JSON without NaN."""
     import numpy as np
 
-    from grading.rubric import CheckResult, Scorecard
+    from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard
 
     check = CheckResult("c", np.bool_(False), np.float32(0), 5.0, "d", np.float32(np.nan), np.float64(np.inf),
                         np.float32(1.5))
@@ -113,8 +113,8 @@ def cli_run(tmp_path_factory):
     pid the scorecard rewriter's grandchild wrote down, the completed process)."""
     out = tmp_path_factory.mktemp("cli") / "cards.json"
     specs = [_spec(s) for s in HOSTILES.values()] + ["zeros", "reference"]
-    argv = [sys.executable, "-m", "cli.rubric", "--quick", "--quiet", "--timeout", "600", "--memory-limit", "4",
-            "--json", str(out)] + [a for spec in specs for a in ("--candidate", spec)]
+    argv = [sys.executable, "-m", "tpu_kernel_records_tools.cli.rubric", "--quick", "--quiet", "--timeout", "600",
+            "--memory-limit", "4", "--json", str(out)] + [a for spec in specs for a in ("--candidate", spec)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, HF_TOKEN=MARKER),
                           cwd=Path(__file__).parent.parent, timeout=1200)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -231,7 +231,7 @@ def _raises_here(q, k, v, **kwargs):
 def test_a_programmatic_candidate_runs_in_a_worker_by_reference():
     """A Candidate object whose function is importable is pickled by reference and runs in a worker;
     one that cannot be (a lambda) is a failing scorecard that says how to give it."""
-    from grading.candidates import Candidate
+    from tpu_kernel_records_tools.grading.candidates import Candidate
 
     card = grade(Candidate("prog", "external", "test", lambda: _raises_here), level="quick", time_limit_s=120)
     assert "raised RuntimeError: programmatic candidate ran in the worker" in card.checks[0].detail

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from bench import roofline, stats
+from tpu_kernel_records_tools.bench import roofline, stats
 
 
 def test_summary_of_known_samples():

@@ -5,7 +5,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bench.timing import Timing, block_until_ready, peak_memory_bytes, time_calls, time_jitted
+from tpu_kernel_records_tools.bench.timing import Timing, block_until_ready, peak_memory_bytes, time_calls, time_jitted
 
 
 class FakeDevice:

@@ -15,8 +15,8 @@ import math
 import numpy as np
 import pytest
 
-from grading import tolerance
-from grading.tolerance import Error, Policy, Verdict, error, judge, needed_floor, needed_k
+from tpu_kernel_records_tools.grading import tolerance
+from tpu_kernel_records_tools.grading.tolerance import Error, Policy, Verdict, error, judge, needed_floor, needed_k
 
 # The decisions the calibration made (grading/tolerance.py docstring): an error up to k times the
 # reference's, plus a floor of FLOOR_ULPS float32 ulps, passes.

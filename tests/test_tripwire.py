@@ -9,8 +9,10 @@ from pathlib import Path
 import jax
 import pytest
 
-import grading
-from grading import rubric, tripwire
+import kernel_src
+import tpu_kernel_records_tools
+from tpu_kernel_records_tools import grading
+from tpu_kernel_records_tools.grading import rubric, tripwire
 
 
 def test_snapshot_sees_a_file_changed_added_and_removed(tmp_path):
@@ -30,7 +32,8 @@ def test_snapshot_sees_a_file_changed_added_and_removed(tmp_path):
 
 def test_the_watched_roots_are_the_graders_packages_and_the_libraries_its_workers_import():
     roots = tripwire.watched_roots()
-    assert Path(grading.__file__).resolve().parent in roots
+    assert Path(tpu_kernel_records_tools.__file__).resolve().parent in roots
+    assert Path(kernel_src.__file__).resolve().parent in roots
     assert Path(jax.__file__).resolve().parent in roots
     files = tripwire.snapshot()
     assert str(Path(grading.__file__).resolve().parent / "worker.py") in files

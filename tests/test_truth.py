@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grading import oracle
+from tpu_kernel_records_tools.grading import oracle
 
 
 @contextlib.contextmanager

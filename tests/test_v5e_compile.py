@@ -15,8 +15,8 @@ import jax.numpy as jnp
 import pytest
 from jax.experimental import pallas as pl
 
-from bench import compiled
-from bench.cases import PROFILES, build_cases
+from tpu_kernel_records_tools.bench import compiled
+from tpu_kernel_records_tools.bench.cases import PROFILES, build_cases
 
 _REASON = compiled.unavailable_reason()
 pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
@@ -185,7 +185,7 @@ def test_facts_name_the_relayouts_around_a_kernel():
 
 @pytest.mark.parametrize("mode", ["fwd", "fwd+bwd"])
 def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode):
-    from bench import plan, roofline
+    from tpu_kernel_records_tools.bench import plan, roofline
 
     [shape] = [s for s in plan.plan_shapes("tpu-v5e", [128], [mode]) if s.scope == "flash"]
     row = plan.plan_row("tpu-v5e", shape)
@@ -210,7 +210,7 @@ def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode)
 
 
 def test_plan_command_refuses_in_one_line_without_libtpu(monkeypatch, tmp_path, capsys):
-    from cli.main import main
+    from tpu_kernel_records_tools.cli.main import main
 
     monkeypatch.setattr(compiled, "unavailable_reason", lambda: "libtpu is not installed")
     out = tmp_path / "PLAN.md"

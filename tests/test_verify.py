@@ -11,13 +11,13 @@ import pyarrow.parquet as pq
 import pytest
 
 import release_fixtures as testing
-from cli import main as commands
-from builder.build import build
-from builder.derive import checksums_text
-from builder.tables import write_parquet
+from tpu_kernel_records_tools.cli import main as commands
+from tpu_kernel_records_tools.builder.build import build
+from tpu_kernel_records_tools.builder.derive import checksums_text
+from tpu_kernel_records_tools.builder.tables import write_parquet
 from release_fixtures import PUBLISHED
-from builder.verify import verify
-from records.schema import CHECKSUMS
+from tpu_kernel_records_tools.builder.verify import verify
+from tpu_kernel_records_tools.records.schema import CHECKSUMS
 
 
 @pytest.fixture(scope="module")
@@ -151,7 +151,7 @@ def test_verify_finds_a_secret_in_the_card(ws):
 
 def test_look_alikes_are_not_secrets():
     """sha256 digests, git commits, run ids and the word 'key' do not trip the scanner."""
-    from records.secrets import find_secrets
+    from tpu_kernel_records_tools.records.secrets import find_secrets
 
     text = ('{"sha256": "' + "ab" * 32 + '", "git_commit": "' + "cd" * 20 + '", "key": "flash-xla-s128/x", '
             '"check": "hf_like_name", "KAGGLE_KERNEL_RUN_TYPE": "Batch", "notes": "AKIA is a prefix"}')

@@ -1,0 +1,417 @@
+"""Benchmark profiles and the cases they expand to.
+
+A profile names the shapes (batch, 4 query heads on 2 KV heads, head dim, bf16, causal, padded) and
+sequence lengths; a scope names what is measured. Which implementations a scope measures is
+declared once, in ``kernel_src.registry`` (``Implementation.scopes``); every implementation is
+paired with the scope's reference (``xla``), and every kernel with every vendor kernel:
+
+* ``softmax``: the masked-softmax step alone (``Implementation.load_softmax()``): ``pallas`` vs
+  ``xla``, on ``[batch, q_heads, seq, seq]`` logits.
+* ``attention``: whole grouped-query attention, ``pallas`` vs ``xla``.
+* ``flash``: the fused ``flash`` kernel vs ``xla``; on a GPU also cuDNN's fused attention
+  (``cudnn``). cuDNN aligns causal masks top-left and handles rows with no visible key
+  differently; the cases use ``q_len == kv_len`` and key lengths ``>= seq/2``, where top-left
+  equals the contract's bottom-right alignment and no row is empty, so all three compute the
+  same function.
+* ``sharded``: ``sharded_attention`` of the profile's kernel, the same global problem on 1 device
+  and on all devices (scaling efficiency ``t1 / (n * tn)`` goes into the pair).
+* ``model-fwd`` and ``model-fwd-bwd``: what the ``flash`` scope measures, at the sizes models run
+  (``ModelShapes``: batch 8, 32 query / 8 kv heads and 16 / 16, head_dim 128, seq 2048 to 16384,
+  causal, no padding), the forward alone and the forward with its VJP as one program
+  ``(q, k, v, d_out) -> (dq, dk, dv)``. Achieved TFLOP/s count the useful FLOPs only
+  (``bench.roofline``: causal counts about half, the backward 2.5 times the forward). The XLA
+  reference joins only where its fp32 logits fit (``ModelShapes.xla_max_logit_bytes``). Only in
+  the ``tpu-v5e`` and ``gpu`` profiles, and refused on a CPU (interpret mode would take hours).
+
+Every case of a scope and sequence length gets the same inputs (drawn from ``seed``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import zlib
+from typing import Any, Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..bench import roofline
+from kernel_src import registry
+from kernel_src.registry import IMPLEMENTATIONS, Implementation
+
+MODEL_SCOPES = ("model-fwd", "model-fwd-bwd")
+SCOPES = ("softmax", "attention", "flash", "sharded") + MODEL_SCOPES
+PUBLISHED_SEQ_LENS = (128, 256, 512, 1024, 2048)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelShapes:
+    """The model-sized cases of the ``model-*`` scopes (causal, unpadded, the profile's dtype).
+
+    Attributes:
+      batch: sequences per call.
+      heads: ``(num_q_heads, num_kv_heads)`` pairs: grouped-query (32 / 8) and multi-head (16 / 16).
+      head_dim: per head.
+      seq_lens: ``q_len == kv_len``.
+      xla_max_logit_bytes: the XLA reference (fp32 logits ``[batch, q_heads, seq, seq]`` in HBM)
+        is measured where its logits' bytes, doubled for ``model-fwd-bwd``, stay within this. At
+        8 GiB it fits a v5e's 16 GB HBM: compiled for v5e with libtpu (predicted, not measured),
+        the reference at batch 8, 16 / 16 heads, seq 4096 needs 8.7 GB of temporaries forward and
+        17.0 GB (over v5e's 15.75 GB) forward + backward; at 32 / 8 heads, seq 2048, 4.4 and
+        8.7 GB.
+    """
+
+    batch: int = 8
+    heads: tuple[tuple[int, int], ...] = ((32, 8), (16, 16))
+    head_dim: int = 128
+    seq_lens: tuple[int, ...] = (2048, 4096, 8192, 16384)
+    xla_max_logit_bytes: int = 8 * 2 ** 30
+
+    def xla_fits(self, scope: str, num_q_heads: int, seq: int) -> bool:
+        """Whether the XLA reference is measured in ``scope`` at ``num_q_heads`` and ``seq``."""
+        passes = 2 if scope == "model-fwd-bwd" else 1
+        return passes * 4 * self.batch * num_q_heads * seq * seq <= self.xla_max_logit_bytes
+
+
+MODEL_SHAPES = ModelShapes()
+
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+    """Shapes and defaults of a benchmark run.
+
+    Attributes:
+      seq_lens: sequence lengths (``q_len == kv_len``) of every scope.
+      long_seq_lens: extra lengths for the ``flash`` and ``sharded`` scopes only.
+      max_tokens: cap on ``batch * seq`` for the scopes that run the XLA reference (its fp32
+        logits grow with ``seq**2``); the batch shrinks, never below 1, for longer sequences.
+      sharded_kernel: the contract kernel the ``sharded`` scope shards (``flash``, ``pallas`` or
+        ``xla``).
+      export_tpu: on a CPU, also export the Pallas cases' StableHLO for TPU.
+      grade_known_bad: whether ``measure`` also grades every known-bad built-in (quick level, one
+        worker each: about 20 s apiece on a 2-core CPU) to show the rubric still rejects them here.
+      model: the shapes of the ``model-*`` scopes; ``None`` where the profile has none.
+    """
+
+    name: str
+    batch: int
+    head_dim: int
+    seq_lens: tuple[int, ...] = PUBLISHED_SEQ_LENS
+    long_seq_lens: tuple[int, ...] = ()
+    num_q_heads: int = 4
+    num_kv_heads: int = 2
+    dtype: str = "bfloat16"
+    causal: bool = True
+    padded: bool = True
+    max_tokens: int | None = None
+    scopes: tuple[str, ...] = ("softmax", "attention")
+    warmups: int = 5
+    samples: int = 20
+    sharded_kernel: str = "flash"
+    export_tpu: bool = True
+    model: ModelShapes | None = None
+    grade_known_bad: bool = True
+
+    def batch_for(self, scope: str, seq: int) -> int:
+        if self.max_tokens is None or scope == "sharded":
+            return self.batch
+        return max(1, min(self.batch, self.max_tokens // seq))
+
+    def seq_lens_for(self, scope: str) -> tuple[int, ...]:
+        return self.seq_lens + (self.long_seq_lens if scope in ("flash", "sharded") else ())
+
+
+PROFILES: dict[str, Profile] = {
+    p.name: p for p in (
+        # Finishes in under 3 minutes on a 2-core CPU, Pallas in interpret mode (the known-bad
+        # built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
+        Profile("cpu", batch=1, head_dim=64, grade_known_bad=False),
+        Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=3, export_tpu=True,
+                grade_known_bad=False),
+        Profile("tpu-v5e", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
+                scopes=SCOPES, model=MODEL_SHAPES),
+        Profile("gpu", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
+                scopes=SCOPES, model=MODEL_SHAPES),
+    )
+}
+
+
+def default_profile(platform: str) -> str:
+    """The profile a platform gets unless told otherwise: ``cpu``, ``tpu-v5e`` or ``gpu``."""
+    return {"tpu": "tpu-v5e", "gpu": "gpu"}.get(platform, "cpu")
+
+
+def get_profile(name: str) -> Profile:
+    try:
+        return PROFILES[name]
+    except KeyError:
+        raise ValueError(f"unknown profile {name!r}; choose from {sorted(PROFILES)}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One measured function at one shape.
+
+    ``fn(*args)`` is what is jitted and timed. Its kernels pick their lowering when lowered
+    (interpret mode on CPU, Mosaic on TPU), so ``tpu_fn`` is ``fn`` itself where a CPU run also
+    exports the case's StableHLO for TPU, ``None`` where there is nothing Pallas to export.
+    ``make_inputs()`` returns host (numpy) arrays matching ``abstract_args``.
+    """
+
+    case_id: str
+    scope: str
+    implementation: str
+    seq_len: int
+    shape: dict[str, int]
+    dtype: str
+    causal: bool
+    padded: bool
+    interpret: bool
+    fn: Callable[..., Any]
+    abstract_args: tuple[jax.ShapeDtypeStruct, ...]
+    make_inputs: Callable[[], list[np.ndarray]]
+    flops: float
+    bytes_moved: float
+    tpu_fn: Callable[..., Any] | None = None
+    mesh_devices: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Pair:
+    """Numerator over denominator at one scope and sequence; ``devices`` for a scaling pair."""
+
+    scope: str
+    seq_len: int
+    numerator: str
+    denominator: str
+    devices: int | None = None
+
+
+def kv_lengths_for(batch: int, seq: int) -> np.ndarray:
+    """Key lengths alternating 3/4 and all of ``seq`` over the batch: padding, but no empty row."""
+    return np.array([seq - (seq // 4) * ((b + 1) % 2) for b in range(batch)], dtype=np.int32)
+
+
+def _rng(seed: int, scope: str, seq: int) -> np.random.Generator:
+    return np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(scope.encode()), seq]))
+
+
+# --- implementations (declared once, in kernel_src.registry) ------------------------------------
+
+def _registered(name: str) -> Implementation:
+    try:
+        return IMPLEMENTATIONS[name]
+    except KeyError:
+        raise ValueError(f"unknown implementation {name!r}; choose from {sorted(IMPLEMENTATIONS)}") from None
+
+
+def _softmax_fn(impl: Implementation, causal: bool):
+    softmax = impl.load_softmax()
+    return lambda logits, lengths: softmax(logits, causal=causal, kv_lengths=lengths)
+
+
+def _attention_fn(kernel: Callable[..., Any], causal: bool, scale: float):
+    return lambda q, k, v, lengths: kernel(q, k, v, causal=causal, kv_lengths=lengths, scale=scale)
+
+
+def _sharded_fn(kernel: Callable[..., Any], devices: int, causal: bool, scale: float):
+    sharded = IMPLEMENTATIONS["sharded"].load()
+
+    def fn(q, k, v, lengths):
+        from kernel_src.sharded import attention_mesh
+
+        mesh = attention_mesh(q.shape[0], k.shape[2], jax.devices()[:devices])
+        return sharded(kernel, q, k, v, mesh=mesh, causal=causal, kv_lengths=lengths, scale=scale)
+    return fn
+
+
+# --- expansion ---------------------------------------------------------------------------------
+
+def _implementations(scope: str, platform: str, profile: Profile) -> list[str]:
+    if scope == "sharded":
+        kernel = profile.sharded_kernel
+        n = jax.device_count()
+        return [f"{kernel}@1"] + ([f"{kernel}@{n}"] if n > 1 else [])
+    if scope not in SCOPES:
+        raise ValueError(f"unknown scope {scope!r}; choose from {SCOPES}")
+    if scope in MODEL_SCOPES:  # the flash scope's implementations, at model sizes
+        scope = "flash"
+    return [impl.name for impl in registry.for_scope(scope, platform)]
+
+
+def _pairs(scope: str, seq: int, ids: dict[str, str]) -> list[Pair]:
+    """Every implementation over the reference, then every kernel over every vendor kernel."""
+    if scope == "sharded":
+        one, *many = sorted(ids, key=lambda impl: int(impl.split("@")[1]))
+        return [Pair(scope, seq, ids[impl], ids[one], devices=int(impl.split("@")[1]))
+                for impl in many]
+    kinds = {name: IMPLEMENTATIONS[name].kind for name in ids}
+    reference = next((name for name, kind in kinds.items() if kind == "reference"), None)
+    pairs = [Pair(scope, seq, ids[name], ids[reference]) for name in ids
+             if reference is not None and name != reference]
+    return pairs + [Pair(scope, seq, ids[kernel], ids[vendor])
+                    for kernel in ids if kinds[kernel] == "kernel"
+                    for vendor in ids if kinds[vendor] == "vendor"]
+
+
+def _uses_pallas(impl: str) -> bool:
+    return _registered(impl.split("@")[0]).pallas
+
+
+def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
+                platform: str | None = None) -> tuple[list[Case], list[Pair]]:
+    """Expand ``profile`` over ``scopes`` into cases (in run order) and the pairs to compare."""
+    platform = platform or jax.default_backend()
+    unknown = [s for s in scopes if s not in SCOPES]
+    if unknown:
+        raise ValueError(f"unknown scope(s) {unknown}; choose from {SCOPES}")
+    dtype = jnp.dtype(profile.dtype)
+    cases, pairs = [], []
+    for scope in scopes:
+        if scope in MODEL_SCOPES:
+            model_cases, model_pairs = _model_cases(profile, scope, seed, platform)
+            cases, pairs = cases + model_cases, pairs + model_pairs
+            continue
+        for seq in profile.seq_lens_for(scope):
+            batch = profile.batch_for(scope, seq)
+            ids = {}
+            for impl in _implementations(scope, platform, profile):
+                case = _case(profile, scope, impl, seq, batch, dtype, seed, platform)
+                ids[impl] = case.case_id
+                cases.append(case)
+            pairs += _pairs(scope, seq, ids)
+    return cases, pairs
+
+
+def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: Any, seed: int,
+          platform: str) -> Case:
+    hq, hk, d = profile.num_q_heads, profile.num_kv_heads, profile.head_dim
+    lengths = kv_lengths_for(batch, seq) if profile.padded else None
+    interpret = platform == "cpu" and _uses_pallas(impl)
+    shape = dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq, num_kv_heads=hk, head_dim=d)
+    lengths_spec = (jax.ShapeDtypeStruct((batch,), jnp.int32),) if lengths is not None else ()
+    base, _, devices = impl.partition("@")
+    implementation = _registered(base)
+
+    if scope == "softmax":
+        abstract = (jax.ShapeDtypeStruct((batch, hq, seq, seq), dtype),) + lengths_spec
+        flops, nbytes = roofline.softmax_work(batch, hq, seq, seq, dtype.itemsize, lengths is not None)
+
+        def make_inputs():
+            logits = _rng(seed, scope, seq).standard_normal((batch, hq, seq, seq), dtype=np.float32)
+            return [(3.0 * logits).astype(dtype)] + ([lengths] if lengths is not None else [])
+
+        fn = _with_optional_lengths(_LazyFn(lambda: _softmax_fn(implementation, profile.causal)),
+                                    lengths)
+        case_id = f"{scope}-{impl}-s{seq}"
+    else:
+        scale = d ** -0.5
+        abstract = (jax.ShapeDtypeStruct((batch, seq, hq, d), dtype),
+                    jax.ShapeDtypeStruct((batch, seq, hk, d), dtype),
+                    jax.ShapeDtypeStruct((batch, seq, hk, d), dtype)) + lengths_spec
+        flops, nbytes = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize,
+                                                profile.causal, lengths)
+
+        def make_inputs():
+            rng = _rng(seed, scope, seq)
+            qkv = [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype) for a in abstract[:3]]
+            return qkv + ([lengths] if lengths is not None else [])
+
+        def contract_fn():
+            kernel = implementation.load()
+            if scope == "sharded":
+                return _sharded_fn(kernel, int(devices), profile.causal, scale)
+            return _attention_fn(kernel, profile.causal, scale)
+
+        fn = _with_optional_lengths(_LazyFn(contract_fn), lengths)
+        case_id = f"{scope}-{base}-d{devices}-s{seq}" if scope == "sharded" else f"{scope}-{impl}-s{seq}"
+
+    # The kernels choose their lowering when lowered, so the very program timed here, exported
+    # for TPU, is what a TPU would be given (Mosaic, TPU tiles).
+    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)
+    return Case(case_id=case_id, scope=scope, implementation=impl, seq_len=seq, shape=shape,
+                dtype=dtype.name, causal=profile.causal, padded=lengths is not None,
+                interpret=interpret, fn=fn, abstract_args=abstract, make_inputs=make_inputs,
+                flops=flops, bytes_moved=nbytes, tpu_fn=fn if export else None,
+                mesh_devices=int(devices) if devices else None)
+
+
+def _model_cases(profile: Profile, scope: str, seed: int, platform: str
+                 ) -> tuple[list[Case], list[Pair]]:
+    """Every case and pair of a ``model-*`` scope: per heads pair and sequence, each of the flash
+    scope's implementations (the XLA reference only where ``ModelShapes.xla_fits``)."""
+    model = profile.model
+    if model is None:
+        raise ValueError(f"profile {profile.name!r} has no model-sized cases (scope {scope!r}); "
+                         f"use tpu-v5e or gpu")
+    if platform == "cpu":
+        raise ValueError(f"scope {scope!r} runs model-sized problems: it needs a TPU or a GPU "
+                         f"(Pallas in interpret mode on a CPU would take hours)")
+    cases, pairs = [], []
+    for hq, hk in model.heads:
+        for seq in model.seq_lens:
+            ids = {}
+            for impl in _implementations(scope, platform, profile):
+                if IMPLEMENTATIONS[impl].kind == "reference" and not model.xla_fits(scope, hq, seq):
+                    continue
+                case = _model_case(profile, scope, impl, seq, hq, hk, seed)
+                ids[impl] = case.case_id
+                cases.append(case)
+            pairs += _pairs(scope, seq, ids)
+    return cases, pairs
+
+
+def _model_case(profile: Profile, scope: str, impl: str, seq: int, hq: int, hk: int,
+                seed: int) -> Case:
+    """One model-sized case: causal, unpadded; ``model-fwd-bwd`` also takes the output's
+    cotangent and returns ``(dq, dk, dv)``."""
+    model, dtype, backward = profile.model, jnp.dtype(profile.dtype), scope == "model-fwd-bwd"
+    batch, d = model.batch, model.head_dim
+    q_spec = jax.ShapeDtypeStruct((batch, seq, hq, d), dtype)
+    kv_spec = jax.ShapeDtypeStruct((batch, seq, hk, d), dtype)
+    abstract = (q_spec, kv_spec, kv_spec) + ((q_spec,) if backward else ())
+    flops, nbytes = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize, True, None,
+                                            backward=backward)
+    implementation, scale = _registered(impl), d ** -0.5
+
+    def program():
+        kernel = implementation.load()
+
+        def forward(q, k, v):
+            return kernel(q, k, v, causal=True, scale=scale)
+        if not backward:
+            return forward
+
+        def forward_backward(q, k, v, d_out):
+            _, pullback = jax.vjp(forward, q, k, v)
+            return pullback(d_out)
+        return forward_backward
+
+    def make_inputs():
+        rng = _rng(seed, f"{scope}-h{hq}x{hk}", seq)
+        return [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype) for a in abstract]
+
+    return Case(case_id=f"{scope}-{impl}-h{hq}x{hk}-s{seq}", scope=scope, implementation=impl,
+                seq_len=seq, shape=dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq,
+                                        num_kv_heads=hk, head_dim=d),
+                dtype=dtype.name, causal=True, padded=False, interpret=False,
+                fn=_LazyFn(program), abstract_args=abstract, make_inputs=make_inputs,
+                flops=flops, bytes_moved=nbytes)
+
+
+class _LazyFn:
+    """Resolves the implementation at the first call, so a missing kernel fails its case only."""
+
+    def __init__(self, factory: Callable[[], Callable[..., Any]]):
+        self.factory = factory
+
+    def __call__(self, *args):
+        return self.factory()(*args)
+
+
+def _with_optional_lengths(fn: Callable[..., Any], lengths: np.ndarray | None) -> Callable[..., Any]:
+    """``fn`` taking the key lengths as its last argument, or ``None`` for them when unpadded."""
+    if lengths is not None:
+        return fn
+    return lambda *args: fn(*args, None)

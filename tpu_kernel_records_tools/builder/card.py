@@ -1,0 +1,304 @@
+"""The generated parts of the dataset card, and the ratio figure.
+
+Generated parts sit between marker comments; everything else in the card is written by hand:
+
+    # BEGIN GENERATED: dataset_info          (inside the YAML front matter)
+    <!-- BEGIN GENERATED: records -->        (markdown body; also: power, figure, plan, usage)
+
+The ``plan`` section comes from ``data/plan/tpu-v5e.json`` (``builder.plan``), the others from the tables.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import re
+import struct
+import zlib
+from typing import Any
+
+import pyarrow as pa
+import yaml
+
+from ..records.schema import CONFIG_NAMES, FEATURES, TAG
+
+FIGURE = "figures/pallas_xla_ratio.png"  # relative to data/
+FIGURE_KEY = "tpu-kernel-records-data-sha256"
+BASELINE = "xla"  # the figure and its table show ratios to this implementation
+YAML_SECTIONS = ("dataset_info",)
+SECTIONS = ("dataset_info", "records", "power", "figure", "plan", "usage")
+PLACEHOLDER_REPO = "OWNER/tpu-kernel-records"
+MAX_LISTED_SHAPES = 6  # grader-power shapes listed one by one in the card up to this many  # the usage examples name the real repo once published
+
+
+def _markers(name: str) -> tuple[str, str]:
+    if name in YAML_SECTIONS:
+        return f"# BEGIN GENERATED: {name}\n", f"# END GENERATED: {name}\n"
+    return f"<!-- BEGIN GENERATED: {name} -->\n", f"<!-- END GENERATED: {name} -->\n"
+
+
+def _span(text: str, name: str) -> tuple[int, int]:
+    begin, end = _markers(name)
+    if text.count(begin) != 1 or text.count(end) != 1:
+        raise ValueError(f"the card needs exactly one {begin.strip()!r} and one {end.strip()!r}")
+    start, stop = text.index(begin) + len(begin), text.index(end)
+    if stop < start:
+        raise ValueError(f"{end.strip()!r} comes before {begin.strip()!r}")
+    return start, stop
+
+
+def extract(text: str, name: str) -> str:
+    """The current content of generated section ``name``."""
+    start, stop = _span(text, name)
+    return text[start:stop]
+
+
+def replace(text: str, sections: dict[str, str]) -> str:
+    """``text`` with every generated section replaced."""
+    for name, content in sections.items():
+        start, stop = _span(text, name)
+        text = text[:start] + content + text[stop:]
+    return text
+
+
+def _cell(value: Any) -> str:
+    if value is None:
+        return "—"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+def dataset_info(tables: dict[str, pa.Table]) -> str:
+    """The ``dataset_info`` YAML of the card: each config's features (from ``records.schema.FEATURES``),
+    rows and Arrow bytes, written by ``datasets``' own ``DatasetInfosDict.to_dataset_card_data``."""
+    import datasets
+    from datasets.info import DatasetInfosDict
+    from huggingface_hub import DatasetCardData
+
+    infos = DatasetInfosDict()
+    for name in CONFIG_NAMES:
+        splits = datasets.SplitDict()
+        splits.add(datasets.SplitInfo(name="train", num_bytes=tables[name].nbytes,
+                                      num_examples=tables[name].num_rows))
+        infos[name] = datasets.DatasetInfo(features=datasets.Features.from_arrow_schema(FEATURES[name]),
+                                           splits=splits, dataset_size=tables[name].nbytes)
+    card_data = DatasetCardData()
+    infos.to_dataset_card_data(card_data)
+    return yaml.safe_dump({"dataset_info": card_data["dataset_info"]}, sort_keys=False,
+                          default_flow_style=False, width=1000)
+
+
+def records(environment: pa.Table) -> str:
+    rows = []
+    for r in environment.to_pylist():
+        devices = f"{r['device_count']} / {r['devices_used']}"
+        rows.append([f"`{r['record_id']}`", r["source"], r["platform"], r["device_kind"], devices,
+                     f"{r['jax']} / {r['jaxlib']}", f"{r['cases_ok']} of {r['cases']}",
+                     f"{r['checks_passed']} of {r['checks']}", "yes" if r["interpret"] else "no"])
+    return _table(["Record", "Source", "Platform", "Device", "Devices visible / used", "JAX / jaxlib",
+                   "Cases ok", "Checks passed (measured kernel)", "Interpret mode"], rows)
+
+
+def _needed_k(detail: dict[str, Any] | None) -> str | None:
+    if not detail:
+        return None
+    if detail.get("min_k_to_pass_tolerances") is not None:
+        return f"{detail['min_k_to_pass_tolerances']:.3g}"
+    ks = [c["needed_k"] for c in detail.get("calibration") or [] if c["needed_k"] is not None]
+    return f"{max(ks):.3g}" if ks else None
+
+
+def _power_settings(record_id: str, platform: str, s: dict[str, Any]) -> str:
+    policy = s["policy"] or {}
+    seeds = (f"{s['seeds']} seeds ({s['first_seed']}..{s['first_seed'] + s['seeds'] - 1})"
+             if s["seeds"] is not None and s["first_seed"] is not None else f"{s['seeds']} seeds")
+    all_shapes = s["shapes"] or []
+    shapes = ", ".join(f"{sh['name']} {sh['batch']}x{sh['q_len']}x{sh['kv_len']} "
+                       f"{sh['num_q_heads']}/{sh['num_kv_heads']} heads d{sh['head_dim']}" for sh in all_shapes)
+    if len(all_shapes) > MAX_LISTED_SHAPES:  # drawn per seed: summarise (the parquet holds them all)
+        dims = sorted({sh["head_dim"] for sh in all_shapes if sh["head_dim"] is not None})
+        longest = max((sh["kv_len"] or 0) for sh in all_shapes)
+        shapes = f"{len(all_shapes)} (head_dim {', '.join(map(str, dims))}; kv_len up to {longest})"
+    totals = []
+    if s["correct_trials"] is not None:
+        totals.append(f"false rejects {s['false_rejects']} of {s['correct_trials']} correct trials")
+    if s["bad_trials"] is not None:
+        totals.append(f"missed {s['missed_bad']} of {s['bad_trials']} known-bad trials")
+    return (f"Record `{record_id}` (measured on {platform}: the grader's numerics, not kernel speed): {seeds}; "
+            f"shapes {shapes or '—'}; tolerance k forward {_cell(policy.get('k_forward'))}, gradient "
+            f"{_cell(policy.get('k_gradient'))}, floor {_cell(policy.get('floor'))}"
+            + (f"; {'; '.join(totals)}" if totals else "") + ".\n")
+
+
+def power(correctness: pa.Table) -> str:
+    """The grader-power table: per candidate, trials, rejections (rate and by which check), needed k."""
+    rows = [r for r in correctness.to_pylist() if r["row_kind"] == "power"]
+    if not rows:
+        return "_No record carries a grader-power summary yet._\n"
+    out, settings = [], {}
+    for r in rows:
+        rate = f"{r['rejected'] / r['trials']:.0%}" if r["trials"] and r["rejected"] is not None else None
+        by = ", ".join(f"{b['check']}: {b['count']}" for b in r["rejected_by"]) or None
+        out.append([f"`{r['record_id']}`", r["candidate"], r["kind"], r["expected"], r["trials"], r["rejected"],
+                    rate, by, _needed_k(r["power_detail"])])
+        settings.setdefault(r["record_id"], (r["platform"], r["power_settings"]))
+    text = _table(["Record", "Candidate", "Kind", "Expected", "Trials", "Rejected", "Rejection rate", "Rejected by",
+                   "Needed k"], out)
+    return text + "\n" + "\n".join(_power_settings(rid, *settings[rid]) for rid in sorted(settings))
+
+
+def ratio_series(benchmark: pa.Table) -> list[dict[str, Any]]:
+    """Ratios to the XLA reference: one series per (record, scope, implementation), its points sorted by
+    sequence length: ``[seq_len, ratio, ci_low, ci_high, median ms, XLA median ms]``."""
+    rows = benchmark.to_pylist()
+    cases = {(r["record_id"], r["case_id"]): r for r in rows}
+    series: dict[tuple, dict[str, Any]] = {}
+    for r in rows:
+        for pair in r["pairs"]:
+            base = cases[(r["record_id"], pair["baseline_case_id"])]
+            if base["implementation"] != BASELINE or pair["ratio"] is None:
+                continue
+            key = (r["record_id"], r["scope"], r["implementation"], base["implementation"])
+            entry = series.setdefault(key, {"record_id": key[0], "scope": key[1], "numerator": key[2],
+                                            "baseline": key[3], "interpret": r["interpret"],
+                                            "summary": r["source"] == "published-summary", "points": []})
+            entry["points"].append([r["seq_len"], pair["ratio"], pair["ci_low"], pair["ci_high"], r["median_ms"],
+                                    base["median_ms"]])
+    for entry in series.values():
+        entry["points"].sort()
+    return [series[key] for key in sorted(series)]
+
+
+def figure_section(benchmark: pa.Table) -> str:
+    rows = [[f"`{s['record_id']}`", s["scope"], p[0], f"{s['numerator']} / {s['baseline']}", f"{p[4]:.4f}",
+             f"{p[5]:.4f}", f"{p[1]:.2f}x", None if p[2] is None or p[3] is None else f"{p[2]:.2f}–{p[3]:.2f}"]
+            for s in ratio_series(benchmark) for p in s["points"]]
+    return (f"![Median-time ratio of each kernel to the XLA reference (Pallas / XLA) against sequence length, per "
+            f"record and scope](data/{FIGURE})\n\n"
+            + _table(["Record", "Scope", "Sequence", "Ratio of", "Median (ms)", "XLA median (ms)",
+                     "Ratio", "95% CI"], rows))
+
+
+def figure_png(benchmark: pa.Table) -> bytes:
+    """The ratio figure as PNG bytes: Agg, default style, no timestamp or software metadata.
+
+    The sha256 of the plotted series is stored in the PNG text chunk ``FIGURE_KEY``, so a verifier
+    can tell that the figure shows the current data without depending on pixel-exact rendering.
+    """
+    import matplotlib.style
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    series = ratio_series(benchmark)
+    digest = figure_digest(series)
+    with matplotlib.style.context("default"):
+        fig = Figure(figsize=(8, 4.5), dpi=100)
+        FigureCanvasAgg(fig)
+        ax = fig.add_subplot()
+        for s in series:
+            xs, ys = [p[0] for p in s["points"]], [p[1] for p in s["points"]]
+            label = f"{s['record_id']} · {s['scope']} ({s['numerator']}/{s['baseline']})"
+            if s["interpret"]:
+                label += " [interpret: not kernel speed]"
+            if s["summary"]:
+                label += " [published medians]"
+            ax.plot(xs, ys, marker="o", linestyle="--" if s["interpret"] else "-", label=label)
+        ax.axhline(1.0, color="grey", linewidth=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length")
+        ax.set_ylabel("median time / XLA median time (>1: slower)")
+        ax.set_title("Pallas / XLA median-time ratio by sequence length")
+        if series:
+            ax.legend(fontsize=7, loc="upper left")
+        else:
+            ax.text(0.5, 0.5, "no paired cases yet", transform=ax.transAxes, ha="center")
+        fig.tight_layout()
+        buffer = io.BytesIO()
+        fig.savefig(buffer, format="png", metadata={"Software": None, FIGURE_KEY: digest})
+    return buffer.getvalue()
+
+
+def figure_digest(series: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(series, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def png_text(png: bytes) -> dict[str, str]:
+    """The tEXt chunks of a PNG (raises ``ValueError`` on a malformed file)."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError("not a PNG file")
+    out, pos = {}, 8
+    while pos + 8 <= len(png):
+        length, kind = struct.unpack(">I4s", png[pos:pos + 8])
+        data = png[pos + 8:pos + 8 + length]
+        crc = png[pos + 8 + length:pos + 12 + length]
+        if len(data) != length or len(crc) != 4 or struct.unpack(">I", crc)[0] != zlib.crc32(kind + data):
+            raise ValueError(f"corrupt PNG chunk {kind!r} at byte {pos}")
+        if kind == b"tEXt":
+            key, _, value = data.partition(b"\0")
+            out[key.decode("latin-1")] = value.decode("latin-1")
+        pos += 12 + length
+    return out
+
+
+def usage(repo_id: str = PLACEHOLDER_REPO, tag: str = TAG) -> str:
+    """How to load the release from ``repo_id`` at ``tag``: the parquet route, the script route on
+    ``datasets`` 2.x/3.x, and the script's builder on 4 and later. ``publish`` names the real repo."""
+    return f'''The configs are plain parquet, so `datasets` loads them directly (after accepting the terms and
+logging in, `hf auth login` or `HF_TOKEN`); pin the release with its tag:
+
+```python
+from datasets import load_dataset
+
+bench = load_dataset("{repo_id}", "benchmark", split="train", revision="{tag}")
+checks = load_dataset("{repo_id}", "correctness", split="train", revision="{tag}")
+env = load_dataset("{repo_id}", "environment", split="train", revision="{tag}")
+```
+
+`load_dataset` on the repository reads these parquet configs with every `datasets` version. The
+loading script `tpu_kernel_records.py` gives the same rows and features: it lists each config's
+files in `data/SHA256SUMS`, fetches them relative to the dataset's base path (the folder it was
+downloaded with, or a URL), checks their sha256 and reads the features from the parquet files.
+With `datasets` 2.x or 3.x, `load_dataset("path/to/tpu_kernel_records.py", "benchmark",
+trust_remote_code=True)` runs it; `datasets` 4 and later no longer run scripts through
+`load_dataset`, so use its builder or `load`:
+
+```python
+from tpu_kernel_records import TpuKernelRecords, load
+
+builder = TpuKernelRecords(config_name="benchmark")   # reads data/ beside the script
+builder.download_and_prepare()
+bench = builder.as_dataset(split="train")
+
+checks = load("correctness")                                                       # local data/
+bench = load("benchmark", repo_id="{repo_id}", revision="{tag}")  # the Hub
+```
+
+`load` explains how to get access when the Hub refuses it. Its cache is keyed on
+`data/SHA256SUMS`, so changed data is never served from a stale cache.
+'''
+
+
+def usage_repo(text: str) -> str | None:
+    """The repo id the card's usage section names (None where it names none)."""
+    match = re.search(r'load_dataset\("([^"]+)", "benchmark"', extract(text, "usage"))
+    return match.group(1) if match else None
+
+
+def without_usage(text: str) -> str:
+    """The card with its usage section emptied: what ``CARD.sha256`` covers, so that naming the repo at
+    publish time is the only change a published README has over the built card."""
+    return replace(text, {"usage": ""})
+
+
+def sections(tables: dict[str, pa.Table]) -> dict[str, str]:
+    """Every generated section of the card, from the combined tables of all records."""
+    return {"dataset_info": dataset_info(tables), "records": records(tables["environment"]),
+            "power": power(tables["correctness"]), "figure": figure_section(tables["benchmark"]),
+            "usage": usage()}
+

@@ -1,0 +1,95 @@
+"""``tpu-kernel-records``: one CLI above everything it calls.
+
+``measure`` (the measurement job, ``measure.run``), ``grade`` and ``power`` (the correctness rubric,
+``cli.rubric``; ``tpu-kernel-rubric`` is their alias), ``build``, ``verify`` and ``publish`` (the
+release, ``cli.release``). ``python -m cli`` is the same command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from ..cli import plan, release, rubric
+from ..bench.cases import PROFILES, SCOPES
+from ..records.schema import VERSION
+
+EXIT_STATUS = ("exit status: 0 ok; 1 refused or failed (a refused build, a verify problem, a refused publish, "
+               "a failed grade); 2 usage (bad arguments, an --out folder that exists); publish's Hub failures: "
+               f"{release.PUBLISH_STATUS}.")
+
+
+def _count(minimum: int):
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+    return parse
+
+
+def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
+    """Add the ``measure`` subcommand."""
+    p = subparsers.add_parser(
+        "measure", help="measure the kernels on this machine and write one run folder",
+        description="Benchmark (every synchronized sample kept), grade (rubric scorecards) and record "
+                    "the environment of this machine into DIR: environment.json, correctness.json, "
+                    "benchmark.json, gzipped StableHLO per case and manifest.json (sha256 of every "
+                    "file), validated against the shipped JSON Schemas and written atomically. On a "
+                    "CPU, Pallas runs in interpret mode: those timings say nothing about kernel speed.")
+    p.add_argument("--out", type=Path, metavar="DIR",
+                   help="run folder to create (must not exist); default runs/<run_id>/")
+    p.add_argument("--profile", choices=sorted(PROFILES),
+                   help="shapes and defaults: cpu (default on CPU), tpu-v5e (on TPU), gpu (on GPU), tiny")
+    p.add_argument("--warmups", type=_count(0), metavar="N", help="untimed calls per case (profile default 5)")
+    p.add_argument("--samples", type=_count(1), metavar="N", help="timed samples per case (profile default 20)")
+    p.add_argument("--scopes", nargs="+", choices=SCOPES, metavar="SCOPE",
+                   help=f"any of {', '.join(SCOPES)}; default softmax attention (all four on tpu-v5e/gpu)")
+    p.add_argument("--seed", type=int, default=0, help="inputs, bootstrap CIs and the rubric (default 0)")
+    p.add_argument("--power-seeds", type=_count(0), default=0, metavar="N",
+                   help="seeds for the rubric's grader-power summary (default 0: none)")
+    p.add_argument("--known-bad", action=argparse.BooleanOptionalAction, default=None,
+                   help="also grade every known-bad built-in at the quick level, about 20 s each on a "
+                        "2-core CPU (default: yes on the tpu-v5e and gpu profiles, no on cpu and tiny)")
+    p.add_argument("--quiet", action="store_true", help="no progress bars or summary table")
+    p.set_defaults(func=_measure)
+
+
+def _measure(args: argparse.Namespace) -> int:
+    from ..measure.run import run_measure
+
+    out = run_measure(args.out, profile=args.profile, warmups=args.warmups, samples=args.samples,
+                      scopes=args.scopes, seed=args.seed, power_seeds=args.power_seeds,
+                      known_bad=args.known_bad, progress=not args.quiet)
+    print(out)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="tpu-kernel-records",
+        description="Attention kernels measured on real hardware: measure a run, then build, verify "
+                    "and publish the dataset release.", epilog=EXIT_STATUS)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {VERSION}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    add_measure_parser(subparsers)
+    rubric.register(subparsers)
+    release.register(subparsers)
+    plan.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the exit status (``EXIT_STATUS``)."""
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (FileExistsError, ValueError) as error:
+        print(f"tpu-kernel-records {args.command}: error: {error}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,72 @@
+"""``tpu-kernel-records plan``: the static v5e performance plan (``bench.plan``), as Markdown.
+
+Compiles flash attention and the XLA reference for a TPU v5e on this machine (libtpu, no TPU)
+at each sequence length of the profile and writes the compiler's predictions, labelled as such.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+
+def register(subparsers: "argparse._SubParsersAction") -> None:
+    """Add the ``plan`` subcommand."""
+    p = subparsers.add_parser(
+        "plan", help="predict flash vs XLA on TPU v5e from compiled programs (no TPU needed)",
+        description="Compile flash_attention and the XLA reference for a TPU v5e with libtpu (no "
+                    "TPU needed; nothing runs) at each sequence length of the profile's flash scope and "
+                    "each of its model-sized shapes where the XLA reference fits HBM, forward and "
+                    "forward + backward, and write a Markdown table: bytes outside the kernels, "
+                    "the kernels' declared least traffic and FLOPs, VMEM, roofline floors and the "
+                    "flash / XLA ratio. Predicted by the compiler, not measured.")
+    p.add_argument("--profile", default="tpu-v5e", help="benchmark profile (default tpu-v5e)")
+    p.add_argument("--seq", type=int, nargs="+", metavar="N",
+                   help="sequence lengths, of the flash scope and the model shapes alike (default: all of "
+                        "the profile's)")
+    p.add_argument("--modes", nargs="+", choices=("fwd", "fwd+bwd"), default=["fwd", "fwd+bwd"])
+    p.add_argument("--out", type=Path, metavar="FILE",
+                   help="write the Markdown here (atomically); default standard output")
+    p.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
+    p.set_defaults(func=_plan)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def _plan(args: argparse.Namespace) -> int:
+    from ..bench import plan
+
+    command = "tpu-kernel-records plan --profile " + args.profile
+    if args.seq:
+        command += " --seq " + " ".join(map(str, args.seq))
+    if args.modes != ["fwd", "fwd+bwd"]:
+        command += " --modes " + " ".join(args.modes)
+    if args.out:
+        command += f" --out {args.out.name}"
+    rows = plan.plan_rows(args.profile, args.seq, args.modes,
+                          progress=lambda line: print(line, file=sys.stderr, flush=True))
+    text = plan.render_markdown(rows, args.profile, command)
+    if args.json:
+        provenance = dict(command=command, jax=plan.jax.__version__, date=plan.datetime.date.today().isoformat(),
+                          libtpu=plan.compiled.libtpu_version())  # for the card's plan section (builder.plan)
+        _write_atomic(args.json, json.dumps(dict(label=plan.LABEL, **provenance, rows=rows), indent=1) + "\n")
+    if args.out:
+        _write_atomic(args.out, text)
+        print(args.out)
+    else:
+        print(text)
+    return 0

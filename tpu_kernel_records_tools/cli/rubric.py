@@ -1,0 +1,222 @@
+"""``tpu-kernel-rubric``: grade attention candidates, list the built-ins, or measure the grader's power.
+
+Every candidate runs in its own worker process (``grading.sandbox``): allow-listed environment (no
+tokens or credentials), its own empty temporary folder as working directory and home, closed stdin,
+a wall-clock limit (``--timeout``) and an address-space limit (``--memory-limit``); the worker and
+every process it started are killed before the next candidate is graded.
+
+Exit status: 0 when every named candidate passed every check (``--power``: no correct candidate
+rejected and every known-bad one rejected on every seed), 1 when one did not (a candidate that could
+not be loaded is a failing scorecard), 2 for a usage error only. ``--json`` is written atomically once
+no candidate process is alive, and its sha256 is printed, so a later change is detectable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Sequence
+
+from ..grading.candidates import BUILTIN, CandidateSpecError, resolve
+from ..grading.runner import DEFAULT_TIME_LIMIT_S
+from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="tpu-kernel-rubric",
+        description="Grade attention candidates against the contract (kernel_src.contract) with the "
+                    "correctness rubric, or sweep seeds to measure how often it rejects correct and "
+                    "known-bad candidates.",
+        epilog="Examples: tpu-kernel-rubric --candidate reference; tpu-kernel-rubric --candidate "
+               "ignores-causal; tpu-kernel-rubric --candidate my_kernel.py:attention --json out.json; "
+               "tpu-kernel-rubric --power --seeds 200 --markdown power.md")
+    p.add_argument("--candidate", action="append", default=[], metavar="NAME_OR_PATH",
+                   help="a built-in name (see --list), path/to/file.py:function or package.module:function; "
+                        "repeat for several")
+    p.add_argument("--seed", type=int, default=0, help="seed of the fresh inputs (default 0)")
+    p.add_argument("--quick", action="store_true",
+                   help="grade at the quick level (small fixed shapes, for fast tests) instead of the full "
+                        "problem distribution")
+    p.add_argument("--timeout", "--time-limit", dest="time_limit", type=_positive, default=DEFAULT_TIME_LIMIT_S,
+                   metavar="SECONDS",
+                   help=f"wall-clock seconds each candidate's worker may take per scorecard, all calls together "
+                        f"(loading included, interpreter start not); past it the worker and every process it "
+                        f"started are killed and the remaining checks fail (default {DEFAULT_TIME_LIMIT_S:g})")
+    p.add_argument("--memory-limit", type=_non_negative, default=DEFAULT_MEMORY_LIMIT_GB, metavar="GB",
+                   help=f"address-space limit of each candidate's worker in GiB, 0 for none "
+                        f"(default {DEFAULT_MEMORY_LIMIT_GB:g}; JAX on CPU needs about 2 to start)")
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help='write {"scorecards": [...]} (with --power: {"power": {...}}) atomically')
+    p.add_argument("--list", action="store_true", help="list the built-in candidates and exit")
+    p.add_argument("--power", action="store_true",
+                   help="sweep --seeds seeds over the built-ins (or the --candidate ones) and report false "
+                        "rejects and power")
+    p.add_argument("--seeds", type=int, metavar="N", help="number of seeds for --power")
+    p.add_argument("--first-seed", type=int, default=0, metavar="N", help="first seed for --power (default 0)")
+    p.add_argument("--kernel-seeds", type=int, metavar="N",
+                   help="seeds for kind=kernel candidates in --power (default: --seeds)")
+    p.add_argument("--markdown", type=Path, metavar="PATH", help="with --power: write the Markdown report")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    return p
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version("tpu-kernel-records")
+    except PackageNotFoundError:
+        return "unknown (not installed)"
+
+
+def _positive(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> float:
+    value = float(text)
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
+def _write_json(path: Path, doc: dict) -> None:
+    """Write ``doc`` atomically once no candidate process is alive; print the file's sha256."""
+    from ..grading.sandbox import close_all
+
+    close_all()
+    text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    write_atomic(path, text)
+    print(f"wrote {path} (sha256 {hashlib.sha256(text.encode()).hexdigest()})")
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in the same folder and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)  # mkstemp makes it owner-only; the result is an ordinary readable file
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def format_scorecard(card) -> str:
+    """A readable scorecard: a header line, then one line per check (check, PASS/FAIL, points, detail)."""
+    status = "PASSED" if card.passed else "FAILED"
+    lines = [f"{card.candidate} [{card.kind}] {status} {card.score:g}/{card.max_score:g}"]
+    if card.error:
+        lines.append(f"  could not be graded: {card.error}")
+    width = max((len(c.name) for c in card.checks), default=0)
+    for c in card.checks:
+        head = f"  {'PASS' if c.passed else 'FAIL'}  {c.name:<{width}}  {c.points:>4g}/{c.max_points:<4g} "
+        body = textwrap.wrap(c.detail, 110) or [""]
+        lines.append(head + body[0])
+        lines += [" " * len(head) + rest for rest in body[1:]]
+    return "\n".join(lines)
+
+
+def _list() -> int:
+    width = max(len(n) for n in BUILTIN)
+    for name, cand in BUILTIN.items():
+        print(f"{name:<{width}}  {cand.kind:<15}  {cand.summary}")
+    return EXIT_OK
+
+
+def _power(args) -> int:
+    from ..grading.power import measure_power, power_markdown
+
+    if not args.seeds or args.seeds < 1:
+        print("tpu-kernel-rubric: --power needs --seeds N (N >= 1)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        cands = [resolve(c) for c in args.candidate] or None
+    except CandidateSpecError as e:
+        print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    power = measure_power(seeds=args.seeds, candidates=cands, progress=not args.quiet,
+                          first_seed=args.first_seed, kernel_seeds=args.kernel_seeds,
+                          time_limit_s=args.time_limit, level="quick" if args.quick else "full")
+    report = power_markdown(power)
+    print(report, end="")
+    if args.json:
+        _write_json(args.json, {"power": power})
+    if args.markdown:
+        write_atomic(args.markdown, report)
+    if any(e["load_error"] for e in power["candidates"]):
+        return EXIT_FAILED
+    return EXIT_OK if power["false_rejects"] == 0 and power["missed_bad"] == 0 else EXIT_FAILED
+
+
+def _grade(args) -> int:
+    if getattr(args, "list", False):
+        return _list()
+    if not args.candidate:
+        print("tpu-kernel-rubric: name at least one --candidate (or use --list / --power)", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        cands = [resolve(c) for c in args.candidate]
+    except CandidateSpecError as e:
+        print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
+        return EXIT_USAGE
+
+    from ..grading.rubric import grade_all
+
+    level = "quick" if args.quick else "full"
+    cards = grade_all(cands, seed=args.seed, level=level, progress=not args.quiet, time_limit_s=args.time_limit,
+                      memory_limit_gb=args.memory_limit)
+    for card in cards:
+        print(format_scorecard(card))
+        print()
+    if args.json:
+        _write_json(args.json, {"scorecards": [c.to_dict() for c in cards], "seed": args.seed, "level": level})
+    return EXIT_OK if all(c.passed for c in cards) else EXIT_FAILED
+
+
+def register(subparsers: "argparse._SubParsersAction") -> None:
+    """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
+    full = _parser()
+    grade_opts = {"--candidate", "--seed", "--quick", "--timeout", "--memory-limit", "--json", "--list", "--quiet"}
+    power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
+                  "--markdown", "--quiet"}
+    for name, opts, func, help_text in (
+            ("grade", grade_opts, _grade, "grade attention candidates with the correctness rubric"),
+            ("power", power_opts, _power, "sweep seeds: false rejects and power on known-bad candidates")):
+        p = subparsers.add_parser(name, help=help_text, description=full.description, epilog=full.epilog)
+        for action in full._actions:
+            if action.option_strings and action.option_strings[0] in opts:
+                p._add_action(action)
+        p.set_defaults(func=func)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``tpu-kernel-rubric`` (``grade``, or ``power`` with ``--power``); the exit status."""
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as e:  # --help (0) or a usage error (2)
+        return int(e.code or 0)
+    if args.list:
+        return _list()
+    if args.power:
+        return _power(args)
+    return _grade(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

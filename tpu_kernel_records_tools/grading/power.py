@@ -1,0 +1,212 @@
+"""How well the rubric tells right from wrong: false rejects of correct candidates, power on bad ones.
+
+``measure_power(seeds=200)`` grades every candidate on seeds ``first_seed .. first_seed + seeds - 1``
+(fresh shapes and inputs per seed at ``level``, see ``grading.problems``) with the same checks and
+the same tolerance as a scorecard: each power trial *is* a full scorecard. Correct candidates (kind
+reference, kernel, correct-variant) should never be rejected; each known-bad one should be rejected on
+every seed, ideally by the check built for its bug.
+
+It also reports the evidence for the tolerance constants: for each candidate and each
+(forward | gradient, dtype) the largest error/tolerance ratio seen, the smallest ``k`` that would have
+passed every comparison with the policy's floor (``needed_k``), and the smallest floor in float32 ulps
+that would have with the policy's ``k`` (``needed_floor_eps``). For correct candidates these must stay
+below the policy; for a known-bad one a ``needed_k`` far above it means only a much looser grader would
+let it through.
+
+The result is the ``power`` field of ``correctness.json`` (see ``records/schemas/correctness.schema.json``),
+measured on CPU (numerics are valid there; no kernel speed is implied). Cost at the full level: the
+float64 truth of a seed takes tens of seconds on a 2-core CPU (once per seed, shared by all candidates)
+and every seed draws new shapes, so each candidate compiles again per seed; interpret-mode Pallas
+kernels take minutes per seed, so they may run on fewer seeds (``kernel_seeds``); each entry's
+``trials`` says how many seeds it got.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, defaultdict
+from typing import Sequence
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from ..grading import checks as C
+from ..grading.candidates import BUILTIN, Candidate, CandidateLoadError, resolve
+from ..grading.problems import QUICK, draw_shapes
+from ..grading.rubric import grade_seeds
+from ..grading.tolerance import POLICY, needed_floor, needed_k
+
+CORRECT_KINDS = ("reference", "kernel", "correct-variant")
+
+
+def default_candidates() -> list[str]:
+    """Every built-in: the correct ones (kernels only where they import) and every known-bad one."""
+    names = []
+    for name, cand in BUILTIN.items():
+        if cand.kind == "kernel":
+            try:
+                cand.load()
+            except CandidateLoadError:
+                continue
+        names.append(name)
+    return names
+
+
+def _group(v) -> str:
+    return f"{'gradient' if v.gradient else 'forward'}/{v.dtype}"
+
+
+def measure_power(*, seeds: int, candidates: Sequence[str | Candidate] | None = None, progress: bool = True,
+                  first_seed: int = 0, kernel_seeds: int | None = None, time_limit_s: float | None = None,
+                  level: str = "full") -> dict:
+    """Grade each candidate on ``seeds`` seeds (``kernel_seeds`` for kind "kernel", default the same) at
+    ``level``. Seeds go in blocks of ``grading.checks.CACHE_SEEDS``: within a block every candidate is
+    graded by one worker (``grade_seeds``) on every seed of the block, and the problems (inputs, truth,
+    baseline) of the block's seeds are computed once for all candidates.
+
+    Returns the JSON-able power summary (format in ``records/schemas/correctness.schema.json``, ``power``).
+    """
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    cands = [resolve(c) for c in (candidates if candidates is not None else default_candidates())]
+    kernel_seeds = seeds if kernel_seeds is None else min(seeds, kernel_seeds)
+    stats = {c.name: {"trials": 0, "rejected": 0, "rejected_by": Counter(), "by_intended": 0,
+                      "seconds": 0.0, "errors": Counter(), "ratio": defaultdict(float), "k": defaultdict(float),
+                      "floor": defaultdict(float), "k_to_pass": []} for c in cands}
+    total = sum(kernel_seeds if c.kind == "kernel" else seeds for c in cands)
+    bar = tqdm(total=total, desc="power", unit="grade", disable=not progress)
+    limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+    all_seeds = list(range(first_seed, first_seed + seeds))
+    for at in range(0, seeds, C.CACHE_SEEDS):
+        block = all_seeds[at:at + C.CACHE_SEEDS]
+        for cand in cands:
+            mine = [s for s in block if cand.kind != "kernel" or s < first_seed + kernel_seeds]
+            if not mine:
+                continue
+            bar.set_postfix_str(f"seeds {mine[0]}-{mine[-1]} {cand.name}")
+            start = time.perf_counter()
+            cards = grade_seeds(cand, mine, level=level, **limit)
+            s = stats[cand.name]
+            s["seconds"] += time.perf_counter() - start
+            for card in cards:
+                _tally(s, cand, card)
+            bar.update(len(mine))
+    bar.close()
+    return _summary(cands, stats, seeds, first_seed, level)
+
+
+def _tally(s: dict, cand: Candidate, card) -> None:
+    s["trials"] += 1
+    if card.error:
+        s["errors"][card.error] += 1
+    if not card.passed:
+        s["rejected"] += 1
+        s["rejected_by"].update(card.failed)
+        if set(card.failed) & set(cand.catches):
+            s["by_intended"] += 1
+    worst_k = 0.0
+    for verdicts in card.verdicts.values():
+        for v in verdicts:
+            g = _group(v)
+            s["ratio"][g] = max(s["ratio"][g], v.ratio)
+            k, f = needed_k(v), needed_floor(v)
+            s["k"][g], s["floor"][g] = max(s["k"][g], k), max(s["floor"][g], f)
+            worst_k = max(worst_k, k)
+    s["k_to_pass"].append(worst_k)
+
+
+def _num(x: float) -> float | None:
+    return float(f"{x:.4g}") if np.isfinite(x) else None
+
+
+def _shapes(seeds: int, first_seed: int, level: str) -> list[dict]:
+    """Every shape graded: ``slot`` (quick level: the same on every seed) or ``slot@seed`` (full level)."""
+    if level == "quick":
+        return [{"name": n, **d._asdict()} for n, d in QUICK.items()]
+    return [{"name": f"{slot}@{seed}", **d._asdict()} for seed in range(first_seed, first_seed + seeds)
+            for slot, d in draw_shapes(seed, level).items()]
+
+
+def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int, level: str = "full") -> dict:
+    entries = []
+    for cand in cands:
+        s = stats[cand.name]
+        expected_pass = cand.kind in CORRECT_KINDS
+        entry = {
+            "candidate": cand.name, "kind": cand.kind, "trials": s["trials"], "rejected": s["rejected"],
+            "rejected_by": dict(sorted(s["rejected_by"].items())),
+            "expected": "pass" if expected_pass else "reject" if cand.kind == "known-bad" else "unknown",
+            "intended_checks": list(cand.catches),
+            "rejected_by_intended": s["by_intended"] if cand.catches else None,
+            "seconds_per_trial": _num(s["seconds"] / max(1, s["trials"])),
+            "load_error": next(iter(s["errors"]), None),
+            "calibration": {g: {"max_ratio": _num(s["ratio"][g]), "needed_k": _num(s["k"][g]),
+                                "needed_floor_eps": _num(s["floor"][g])} for g in sorted(s["ratio"])},
+            # Smallest k (policy floor) that would have let every tolerance comparison of some seed pass.
+            "min_k_to_pass_tolerances": _num(min(s["k_to_pass"])) if s["k_to_pass"] else None,
+        }
+        entries.append(entry)
+    correct = [e for e in entries if e["expected"] == "pass"]
+    bad = [e for e in entries if e["expected"] == "reject"]
+    return {
+        "seeds": seeds,
+        "first_seed": first_seed,
+        "level": level,
+        "shapes": _shapes(seeds, first_seed, level),
+        "dtypes": ["float32", "bfloat16"],
+        "checks": [spec.name for spec in (*C.CHECKS, C.FINITE)],
+        "policy": POLICY.to_dict(),
+        "candidates": entries,
+        "false_rejects": sum(e["rejected"] for e in correct),
+        "correct_trials": sum(e["trials"] for e in correct),
+        "missed_bad": sum(e["trials"] - e["rejected"] for e in bad),
+        "bad_trials": sum(e["trials"] for e in bad),
+    }
+
+
+def power_markdown(power: dict) -> str:
+    """A Markdown report of a ``measure_power`` result (for the card)."""
+    pol = power["policy"]
+    level = power.get("level", "quick")
+    if level == "quick":
+        shapes = "shapes " + ", ".join(f"{s['name']}=(b{s['batch']}, q{s['q_len']}, kv{s['kv_len']}, h{s['num_q_heads']}/"
+                                       f"{s['num_kv_heads']}, d{s['head_dim']})" for s in power["shapes"])
+    else:
+        dims = sorted({s["head_dim"] for s in power["shapes"]})
+        longest = max(s["kv_len"] for s in power["shapes"])
+        shapes = (f"{len(power['shapes'])} shapes drawn by seed (grading.problems: head_dim {dims}, groups 1-8, "
+                  f"kv_len up to {longest})")
+    lines = [
+        f"Grader power over {power['seeds']} seeds (seeds {power['first_seed']}..{power['first_seed'] + power['seeds'] - 1}), "
+        f"level {level}, measured on CPU; fresh inputs on every trial, {shapes}, float32 and bfloat16.",
+        "",
+        f"Tolerance: error <= k x reference error + floor, k = {pol['k']['forward']:g} (forward), "
+        f"{pol['k']['gradient']:g} (gradients), floor = {pol['floor']['float32_eps_multiple']:g} float32 ulps "
+        f"({pol['floor']['value']:.3g}); norm-wise and worst-element error against a float64 oracle.",
+        "",
+        f"False rejects of correct candidates: {power['false_rejects']} of {power['correct_trials']} trials. "
+        f"Known-bad candidates not rejected: {power['missed_bad']} of {power['bad_trials']} trials.",
+        "",
+        "| Candidate | Kind | Trials | Rejected | Rejected by (trials) | Needed k, fwd / grad | Easiest k |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for e in power["candidates"]:
+        by = ", ".join(f"{k} ({v})" for k, v in sorted(e["rejected_by"].items(), key=lambda kv: -kv[1])) or "-"
+        ks = f"{_max_k(e['calibration'], 'forward')} / {_max_k(e['calibration'], 'gradient')}"
+        easiest = e["min_k_to_pass_tolerances"]
+        easiest = "inf" if easiest is None else f"{easiest:.3g}"
+        lines.append(f"| {e['candidate']} | {e['kind']} | {e['trials']} | {e['rejected']} | {by} | {ks} | "
+                     f"{easiest} |")
+    lines += ["", "Needed k: the smallest k (with the policy's floor) that passes every forward / gradient "
+              "comparison of every trial; for correct candidates it must stay below the policy's k. Easiest k: "
+              "the smallest k at which all tolerance comparisons of the candidate's easiest trial pass; for a "
+              "known-bad candidate far above the policy's k it means no looser-but-sane tolerance lets it "
+              "through (near 1: only exact checks catch it)."]
+    return "\n".join(lines) + "\n"
+
+
+def _max_k(calibration: dict, prefix: str) -> str:
+    values = [c["needed_k"] for group, c in calibration.items() if group.startswith(prefix)]
+    if not values:
+        return "-"
+    return "inf" if any(v is None for v in values) else f"{max(values):.3g}"

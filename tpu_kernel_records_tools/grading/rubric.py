@@ -1,0 +1,201 @@
+"""Correctness rubric: grade any candidate that follows the contract and return a scorecard.
+
+``grade("pallas")`` runs every check in ``grading.checks.CHECKS`` (then ``finite``) on fresh inputs drawn
+from ``seed`` and returns a :class:`Scorecard`. The candidate runs in its own worker process
+(``grading.runner``, ``grading.sandbox``): it sees only the problem inputs, never the truth, the
+reference's baseline or the grader's state, and every process it starts is killed before the next
+candidate is graded. Nothing a candidate does escapes as a traceback or changes another candidate's
+scorecard: a load error, an exception, any exit status, a signal, a hang past ``time_limit_s``
+(seconds of waiting on the worker per scorecard), memory past ``memory_limit_gb`` (the worker's
+address space), a wrong shape or dtype, NaN or Inf, inputs written into: each becomes failed checks
+whose ``detail`` says what was observed. The tolerance policy is documented in ``grading.tolerance``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from ..grading import checks as C
+from ..grading import tripwire
+from ..grading.candidates import Candidate, resolve
+from ..grading.runner import DEFAULT_TIME_LIMIT_S, Runner
+from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
+
+
+@dataclass
+class CheckResult:
+    """One check: pass/fail, points earned of ``max_points``, and what was observed."""
+
+    name: str
+    passed: bool
+    points: float
+    max_points: float
+    detail: str
+    error: float | None = None
+    tolerance: float | None = None
+    baseline_error: float | None = None
+
+    def to_dict(self) -> dict:
+        """JSON-safe whatever the check computed: plain bool/str, and numbers as Python floats, with a
+        non-finite one (or one that is not a number) as None, so ``json.dumps(..., allow_nan=False)`` holds."""
+        return {"name": str(self.name), "passed": bool(self.passed), "points": _json_number(self.points) or 0.0,
+                "max_points": _json_number(self.max_points) or 0.0, "detail": str(self.detail),
+                "error": _json_number(self.error), "tolerance": _json_number(self.tolerance),
+                "baseline_error": _json_number(self.baseline_error)}
+
+
+def _json_number(x) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) else None
+
+
+@dataclass
+class Scorecard:
+    """A candidate's checks; ``passed`` only when every check passed. ``error``: why it could not be graded."""
+
+    candidate: str
+    kind: str
+    checks: list[CheckResult]
+    error: str | None = None
+    seed: int = 0
+    level: str = "full"  # which problem set graded it: "full" or "quick" (grading.problems)
+    verdicts: dict = field(default_factory=dict, repr=False)  # check name -> tolerance verdicts (for power)
+    tampered: bool = False  # the candidate changed files the grader runs (grading.tripwire): stop grading
+
+    @property
+    def passed(self) -> bool:
+        return self.error is None and bool(self.checks) and all(c.passed for c in self.checks)
+
+    @property
+    def score(self) -> float:
+        return float(sum(c.points for c in self.checks))
+
+    @property
+    def max_score(self) -> float:
+        return float(sum(c.max_points for c in self.checks))
+
+    @property
+    def failed(self) -> list[str]:
+        return [c.name for c in self.checks if not c.passed]
+
+    def to_dict(self) -> dict:
+        """The ``$defs/scorecard`` object of ``records/schemas/correctness.schema.json``."""
+        return {"candidate": self.candidate, "kind": self.kind, "passed": self.passed, "score": self.score,
+                "max_score": self.max_score, "error": self.error, "level": self.level,
+                "checks": [c.to_dict() for c in self.checks]}
+
+
+def _all_failed(reason: str) -> list[CheckResult]:
+    return [CheckResult(spec.name, False, 0.0, float(spec.points), reason) for spec in (*C.CHECKS, C.FINITE)]
+
+
+def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
+          time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> Scorecard:
+    """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate)
+    in a worker process of its own, killed (with everything it started) before this returns.
+
+    ``level``: "full" (the problem distribution of ``grading.problems``) or "quick" (small fixed shapes,
+    for fast tests). ``time_limit_s``: seconds of waiting on the candidate per scorecard, all calls together (loading
+    included, the worker's interpreter and JAX start not); once it runs out, the worker is killed and
+    the remaining checks fail as "not run". ``memory_limit_gb``: the worker's address-space limit
+    (0: none). Raises ``CandidateSpecError`` only for a malformed spec.
+    """
+    return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s,
+                       memory_limit_gb=memory_limit_gb)[0]
+
+
+def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str = "full",
+                time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> list[Scorecard]:
+    """``grade`` on each of ``seeds`` with one worker (JAX starts, and compiles, once for them all).
+
+    A worker that died or ran out of time is replaced by a fresh one for the next seed, so each
+    scorecard is what that seed alone gives. Every process the candidate started is killed before
+    this returns.
+    """
+    cand = resolve(candidate)
+    before = tripwire.snapshot()
+    runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb)
+    cards = []
+    try:
+        for seed in seeds:
+            runner.new_scorecard()
+            error = None if runner.alive else runner.start()
+            if error is not None:
+                cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed,
+                                       level=level))
+                continue
+            cards.append(_run_checks(runner, cand, seed, level))
+    finally:
+        runner.close()
+    found = tripwire.changes(before, tripwire.snapshot())
+    if found:  # after close(): every process of the candidate is dead, so nothing changes after this look
+        why = (f"the candidate changed files the grader and its workers run ({tripwire.describe(found)}); "
+               f"no later grade from this installation can be trusted until they are restored")
+        for card in cards:
+            card.error, card.tampered = why, True
+    return cards
+
+
+def _not_graded(candidate: str | Candidate, why: str, seed: int, level: str) -> Scorecard:
+    cand = resolve(candidate)
+    return Scorecard(cand.name, cand.kind, _all_failed(f"not run: {why}"), error=why, seed=seed, level=level)
+
+
+def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str) -> Scorecard:
+    ctx = C.Context(runner, seed, level=level)
+    results, verdicts = [], {}
+    for spec in C.CHECKS:
+        runner.check = spec.name
+        try:
+            outcome = spec.run(ctx)
+        except C.CandidateFailure as e:
+            outcome = C.Outcome(False, str(e))
+        except Exception as e:  # e.g. an output the check cannot even compare; never a traceback
+            outcome = C.Outcome(False, f"could not evaluate the candidate's results: {type(e).__name__}: {e}")
+        verdicts[spec.name] = outcome.verdicts
+        results.append(CheckResult(spec.name, outcome.passed, float(spec.points) if outcome.passed else 0.0,
+                                   float(spec.points), outcome.detail, outcome.error, outcome.tolerance,
+                                   outcome.baseline_error))
+    results.append(_finite(runner))
+    return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts)
+
+
+def _finite(runner: C.Runner) -> CheckResult:
+    points = float(C.FINITE.points)
+    if runner.nonfinite:
+        more = f" (and {len(runner.nonfinite) - 1} more arrays)" if len(runner.nonfinite) > 1 else ""
+        return CheckResult("finite", False, 0.0, points, f"non-finite value: {runner.nonfinite[0]}{more}")
+    if runner.timed_out or runner.returned == 0:
+        why = "the candidate ran out of time" if runner.timed_out else "no call returned an array"
+        return CheckResult("finite", False, 0.0, points, f"not established: {why}")
+    return CheckResult("finite", True, points, points,
+                       f"all {runner.returned} arrays returned (outputs and gradients) were finite")
+
+
+def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: str = "full", progress: bool = True,
+              time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+              memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> list[Scorecard]:
+    """``grade`` each candidate in turn, each in its own worker (tqdm progress bar when ``progress``).
+
+    When this returns, no process any candidate started is alive. A candidate that changed files the
+    grader runs (``grading.tripwire``) fails, and every candidate after it gets a "not graded" scorecard."""
+    bar = tqdm(list(candidates), desc="rubric", unit="candidate", disable=not progress)
+    cards, tampered_by = [], None
+    for cand in bar:
+        name = cand.name if isinstance(cand, Candidate) else str(cand)
+        bar.set_postfix_str(name)
+        if tampered_by is not None:
+            cards.append(_not_graded(cand, f"not graded: {tampered_by}", seed, level))
+            continue
+        cards.append(grade(cand, seed=seed, level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb))
+        if cards[-1].tampered:
+            tampered_by = f"an earlier candidate ({cards[-1].candidate}) changed files the grader runs"
+    return cards

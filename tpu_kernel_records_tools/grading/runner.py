@@ -1,0 +1,198 @@
+"""Calling a candidate: in its own worker process, each call bounded, its output validated.
+
+``Runner.forward(problem)`` and ``Runner.vjp(problem)`` are all the checks know of a candidate. The
+candidate runs in a ``grading.sandbox.Sandbox`` (one worker process per candidate, started once and
+reused across its calls): the runner sends copies of the problem's inputs (q, k, v [batch, len, heads,
+head_dim], the cotangent, causal, kv_lengths [batch], scale) and gets arrays back. The grader keeps
+its own inputs, truth and baseline; the candidate never sees them.
+
+Budget: ``time_limit_s`` wall-clock seconds of waiting on the worker per scorecard, all calls together
+(loading the candidate included, the interpreter's and JAX's start not). When it runs out, the worker
+and every process it started are killed and the remaining calls fail at once as "not run". A worker
+that dies (any exit status, a signal, a memory-limit failure) fails the call that was running and,
+as "not run", every later one.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..grading.candidates import Candidate, CandidateLoadError, resolve
+from ..grading.problems import Problem
+from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB, STARTUP_LIMIT_S, Expired, Sandbox, WorkerGone, load_request
+from ..grading.worker import ProtocolError
+
+DEFAULT_TIME_LIMIT_S = 600.0  # per scorecard; a Pallas kernel in interpret mode needs minutes on 2 CPU cores
+
+
+class CandidateFailure(Exception):
+    """The candidate raised, returned something that is not a usable array, ran out of time or died."""
+
+
+class TimedOut(CandidateFailure):
+    pass
+
+
+def _clean(text: str, limit: int = 300) -> str:
+    """Text from the worker as one printable line of at most ``limit`` characters."""
+    text = str(text).encode("utf-8", "replace").decode("utf-8", "replace")
+    text = "".join(ch if ch.isprintable() else " " for ch in text).strip()
+    return text[:limit]
+
+
+class Runner:
+    """Runs ``candidate`` in a worker process under ``time_limit_s`` seconds per scorecard (see module doc).
+
+    ``start()`` launches the worker and loads the candidate (returns the load error, or None);
+    ``new_scorecard()`` resets the budget and the observations; ``close()`` kills the worker and all
+    its descendants.
+    """
+
+    def __init__(self, candidate: str | Candidate, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
+                 memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB):
+        self.candidate = resolve(candidate)
+        self.time_limit_s, self.memory_limit_gb = float(time_limit_s), memory_limit_gb
+        self.sandbox: Sandbox | None = None
+        self.down: str | None = None  # why the worker is gone, once it is
+        self.startup_s = 0.0          # seconds from launch to a loaded candidate (last start)
+        self.new_scorecard()
+
+    def new_scorecard(self) -> None:
+        self.used_s = 0.0  # seconds waiting on the worker (not the oracle's or the baseline's time)
+        self.timed_out = False
+        self.returned = 0
+        self.nonfinite: list[str] = []
+        self.check = ""
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> str | None:
+        """Launch the worker and load the candidate; the reason it cannot be graded, or None."""
+        self.close()
+        begin = time.monotonic()
+        self.down, self.sandbox = None, Sandbox(memory_limit_gb=self.memory_limit_gb)
+        try:
+            load = load_request(self.candidate)
+            self.sandbox.start()
+            self.sandbox.wait_ready(STARTUP_LIMIT_S)
+        except CandidateLoadError as e:
+            self.down = str(e)
+            return self.down
+        except (Expired, WorkerGone, ProtocolError, OSError) as e:
+            self.down = f"the worker process could not start: {_describe(e, STARTUP_LIMIT_S)}"
+            self.close()
+            return self.down
+        try:
+            reply, _ = self._request("loading the candidate", load)
+        except CandidateFailure as e:
+            self.down = str(e)
+            return self.down
+        finally:
+            self.startup_s = time.monotonic() - begin
+        if not reply.get("ok"):
+            self.down = _clean(reply.get("error", "the candidate could not be loaded"), 500)
+            self.close()
+            return self.down
+        return None
+
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.sandbox is not None and self.sandbox.alive and self.down is None
+
+    # -- calls ------------------------------------------------------------------------------------
+
+    def _request(self, what: str, header: dict, arrays=(), reply_limit: int = 0,
+                 while_waiting=None) -> tuple[dict, list]:
+        if self.timed_out:
+            raise TimedOut(f"not run: the candidate's time limit ({self.time_limit_s:g} s) ran out earlier")
+        if self.down is not None or self.sandbox is None:
+            raise CandidateFailure(f"not run: {self.down or 'the worker is not running'}")
+        remaining = self.time_limit_s - self.used_s
+        if remaining <= 0:
+            self.timed_out = True
+            raise TimedOut(f"not run: the candidate's time limit ({self.time_limit_s:g} s) ran out")
+        start = time.monotonic()
+        try:
+            return self.sandbox.request(header, arrays, timeout_s=remaining, reply_limit_bytes=reply_limit,
+                                        while_waiting=while_waiting)
+        except Expired:
+            self.timed_out = True
+            self.down = f"the candidate's time limit ({self.time_limit_s:g} s) ran out during {what}"
+            raise TimedOut(f"{what}: no result within the candidate's time limit ({self.time_limit_s:g} s); "
+                           f"its worker and every process it started were killed") from None
+        except WorkerGone as e:
+            self.down = f"the candidate's worker process {e} during {what}"
+            self.close()
+            raise CandidateFailure(f"{what}: the candidate's worker process {e}") from None
+        except ProtocolError as e:
+            self.down = f"the candidate's worker sent a malformed reply during {what}"
+            self.close()
+            raise CandidateFailure(f"{what}: malformed reply from the worker ({_clean(str(e))})") from None
+        finally:
+            self.used_s += time.monotonic() - start - (self.sandbox.grader_s if self.sandbox else 0.0)
+
+    def _call(self, what: str, p: Problem, grad: bool) -> list[np.ndarray]:
+        kw = p.kwargs
+        arrays = [np.asarray(p.q), np.asarray(p.k), np.asarray(p.v)] + ([np.asarray(p.ct)] if grad else [])
+        if kw.get("kv_lengths") is not None:
+            arrays.append(np.asarray(kw["kv_lengths"]))
+        scale = kw.get("scale")
+        header = {"op": "vjp" if grad else "forward", "causal": bool(kw.get("causal", False)),
+                  "scale": None if scale is None else float(scale), "has_lengths": kw.get("kv_lengths") is not None}
+        limit = 8 * sum(a.nbytes for a in arrays) + (1 << 20)
+        # The truth and baselines a fresh problem is judged by are computed while the candidate computes.
+        prepare = None if p.derived else p.prepare
+        reply, results = self._request(what, header, arrays, limit, prepare)
+        if not reply.get("ok"):
+            error = _clean(reply.get("error", "no result"))
+            raise CandidateFailure(f"{what}: {'raised ' if reply.get('raised') else ''}{error}")
+        modified = reply.get("inputs_modified") or []
+        if modified:
+            names = ", ".join(_clean(n, 20) for n in modified[:5])
+            raise CandidateFailure(f"{what}: inputs modified: the candidate wrote into {names} during the call "
+                                   f"(the grader judges against its own copies)")
+        if len(results) != (4 if grad else 1):
+            raise CandidateFailure(f"{what}: the worker returned {len(results)} arrays")
+        return results
+
+    def _observe(self, label: str, name: str, x: np.ndarray) -> None:
+        self.returned += 1
+        with np.errstate(all="ignore"):
+            bad = ~np.isfinite(x.astype(np.float32))
+        if bad.any():
+            index = tuple(int(i) for i in np.argwhere(bad)[0])
+            value = x.astype(np.float32)[index]
+            self.nonfinite.append(f"{self.check}: {label} {name}[{index}] = {value}")
+
+    def forward(self, p: Problem, *, check_shape: bool = True) -> np.ndarray:
+        """The candidate's output on ``p`` as a NumPy array (bf16 stays bf16)."""
+        (out,) = self._call(f"{p.label} forward", p, grad=False)
+        if check_shape and out.shape != tuple(p.q.shape):
+            raise CandidateFailure(f"{p.label}: output shape {out.shape}, expected {tuple(p.q.shape)}")
+        if out.shape == tuple(p.q.shape):
+            self._observe(p.label, "out", out)
+        return out
+
+    def vjp(self, p: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(out, dq, dk, dv)`` under the cotangent ``p.ct`` (cast to the output's dtype in the worker)."""
+        result = tuple(self._call(f"{p.label} gradients", p, grad=True))
+        for name, x, like in zip(("out", "dq", "dk", "dv"), result, (p.q, p.q, p.k, p.v)):
+            if x.shape != tuple(like.shape):
+                raise CandidateFailure(f"{p.label}: {name} shape {x.shape}, expected {tuple(like.shape)}")
+        for name, x in zip(("out", "dq", "dk", "dv"), result):
+            self._observe(p.label, name, x)
+        return result
+
+
+def _describe(e: Exception, limit_s: float) -> str:
+    if isinstance(e, Expired):
+        return f"no answer within {limit_s:g} s"
+    if isinstance(e, WorkerGone):
+        return f"it {e}"
+    return _clean(f"{type(e).__name__}: {e}")

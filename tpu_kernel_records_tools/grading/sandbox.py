@@ -1,0 +1,381 @@
+"""The grader's side of the grading sandbox: start, talk to, and kill one candidate's worker process.
+
+A :class:`Sandbox` runs ``grading.worker`` in a fresh interpreter (``python -I``) with
+
+- an allow-listed environment (:func:`worker_environment`: locale, ``PATH``, the JAX/XLA/TPU and
+  BLAS variables the platform needs; never ``HF_*``, ``KAGGLE_*``, ``AWS_*``, ``GOOGLE_*``,
+  ``*_TOKEN``, ``*_KEY``, ``*_SECRET`` or anything else), ``HOME``, ``TMPDIR`` and the working
+  directory set to its own new empty temporary folder, stdin closed, stdout/stderr to a log file;
+- an address-space limit (``RLIMIT_AS``, ``memory_limit_gb``, default :data:`DEFAULT_MEMORY_LIMIT_GB`)
+  and no core dumps, set by the worker before it imports JAX;
+- every wait bounded by a deadline the caller gives (``request(..., timeout_s)``); on expiry the worker
+  and all its descendants are killed.
+
+No process a candidate starts outlives its grading: the grader makes itself a child subreaper
+(Linux ``prctl(PR_SET_CHILD_SUBREAPER)``, and not dumpable), so orphans of the worker, including ones that called
+``setsid()``, are re-parented to the grader; :meth:`Sandbox.close` then kills (SIGKILL) the worker,
+every descendant psutil finds, and every child of the grader that appeared since the worker started,
+until none is left, and reaps them.
+
+What this does not do: the worker runs as the grader's user, so files that user can read (a token
+saved under the real home, say) are readable by the candidate, and a root grader's ``/proc/PID/environ``
+is readable by a root worker. Grade a stranger's code as an unprivileged user without credentials.
+
+Only arrays come back: replies are parsed with ``grading.worker.decode_header`` (JSON header, a
+whitelist of dtypes, sizes checked against a cap), never unpickled.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import ctypes
+import json
+import os
+import pickle
+import re
+import select
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+import weakref
+from typing import Callable
+
+import numpy as np
+import psutil
+
+from ..grading.worker import HEADER_LIMIT, ProtocolError, decode_header, encode
+
+DEFAULT_MEMORY_LIMIT_GB = 16.0  # address space of a worker; JAX on CPU needs about 2 GB to start
+STARTUP_LIMIT_S = 120.0         # interpreter + JAX import, before the candidate's own code runs
+PR_SET_CHILD_SUBREAPER, PR_SET_DUMPABLE = 36, 4
+
+ALLOWED_VARIABLES = {"PATH", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH", "JAX_PLATFORMS",
+                     "JAX_PLATFORM_NAME", "XLA_FLAGS", "TF_CPP_MIN_LOG_LEVEL", "OMP_NUM_THREADS",
+                     "CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "LIBTPU_INIT_ARGS"}
+ALLOWED_PREFIXES = ("LC_", "OPENBLAS_", "MKL_", "TPU_")
+DENIED = re.compile(r"^(HF_|HUGGING|KAGGLE|AWS_|GOOGLE_|GCP_|GCLOUD|AZURE_|GITHUB_|GH_)|TOKEN|KEY|SECRET|"
+                    r"PASSW|CREDENTIAL|AUTH|COOKIE", re.IGNORECASE)
+
+_BOOTSTRAP = ("import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
+              "from tpu_kernel_records_tools.grading.worker import main; main(sys.argv[2:])")
+
+
+class SandboxError(Exception):
+    """A request got no well-formed answer."""
+
+
+class Expired(SandboxError):
+    """The deadline passed; the worker and its descendants have been killed."""
+
+
+class WorkerGone(SandboxError):
+    """The worker exited (or closed its pipe) before answering."""
+
+
+def worker_environment(home: str, environ=None) -> dict[str, str]:
+    """The worker's environment: allow-listed names from ``environ`` (default ``os.environ``), minus
+    anything that looks like a credential, plus ``HOME``/``TMPDIR``/``XDG_*`` pointing at ``home``."""
+    environ = os.environ if environ is None else environ
+    env = {name: value for name, value in environ.items()
+           if (name in ALLOWED_VARIABLES or name.startswith(ALLOWED_PREFIXES)) and not DENIED.search(name)}
+    env.setdefault("PATH", os.defpath)
+    for name in ("HOME", "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"):
+        env[name] = home
+    return env
+
+
+def harden_grader() -> bool:
+    """Linux: make this process the reaper of its orphaned descendants (``PR_SET_CHILD_SUBREAPER``) and
+    not dumpable (``PR_SET_DUMPABLE`` 0: a same-user, unprivileged process cannot read its
+    ``/proc/PID/environ`` or memory; root still can). False where unsupported."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _own_children() -> dict[int, float]:
+    out = {}
+    for child in psutil.Process().children():
+        try:
+            out[child.pid] = child.create_time()
+        except psutil.Error:
+            pass
+    return out
+
+
+def exit_description(code: int | None) -> str:
+    """``exited with status 0`` / ``was killed by SIGABRT`` for a ``Popen.returncode``."""
+    if code is None:
+        return "is still running"
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with status {code}"
+
+
+_LIVE: "weakref.WeakSet[Sandbox]" = weakref.WeakSet()
+
+
+class Sandbox:
+    """One candidate's worker process. ``start()`` launches it; ``request()`` sends one frame and waits
+    for the answer; ``close()`` kills it and everything it started. Usable as a context manager."""
+
+    def __init__(self, *, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB):
+        self.memory_limit_gb = memory_limit_gb
+        self.proc: subprocess.Popen | None = None
+        self.returncode: int | None = None  # set once the worker is seen dead
+        self.closed = False
+        self.grader_s = 0.0  # seconds of the grader's own work during the last request
+        self._dir = None
+
+    # -- life cycle -------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        """Launch the worker (returns at once; :meth:`wait_ready` waits for JAX to be imported)."""
+        harden_grader()
+        self._dir = tempfile.mkdtemp(prefix="rubric-worker-")
+        home = os.path.join(self._dir, "home")
+        os.mkdir(home, 0o700)
+        to_worker_r, self._w = os.pipe()
+        self._r, from_worker_w = os.pipe()
+        path = [os.path.abspath(p or os.curdir) for p in sys.path]
+        memory = int(self.memory_limit_gb * (1 << 30)) if self.memory_limit_gb and self.memory_limit_gb > 0 else 0
+        self._before = _own_children()
+        _LIVE.add(self)
+        log = open(os.path.join(self._dir, "worker.log"), "wb")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-I", "-c", _BOOTSTRAP, json.dumps(path), str(to_worker_r), str(from_worker_w),
+                 str(memory)],
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=home,
+                env=worker_environment(home), pass_fds=(to_worker_r, from_worker_w), start_new_session=True)
+        finally:
+            log.close()
+            os.close(to_worker_r)
+            os.close(from_worker_w)
+        os.set_blocking(self._w, False)
+
+    def wait_ready(self, timeout_s: float = STARTUP_LIMIT_S) -> None:
+        header, _ = self._receive(time.monotonic() + timeout_s, 0)
+        if header.get("op") != "hello":
+            raise ProtocolError("the worker did not say hello")
+
+    def close(self) -> None:
+        """Kill the worker and every process it started (also those that left its session); reap them."""
+        if self.closed:
+            return
+        self.closed = True
+        _LIVE.discard(self)
+        for fd in (getattr(self, "_r", None), getattr(self, "_w", None)):
+            try:
+                if fd is not None:
+                    os.close(fd)
+            except OSError:
+                pass
+        if self.proc is not None:
+            spare = {box.proc.pid for box in list(_LIVE) if box.proc is not None}  # other sandboxes' workers
+            kill_descendants(self.proc, self._before, spare=spare)
+        if self._dir:
+            shutil.rmtree(self._dir, ignore_errors=True)
+
+    def __enter__(self) -> "Sandbox":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    @property
+    def alive(self) -> bool:
+        return self.proc is not None and not self.closed and self.proc.poll() is None
+
+    # -- one request ------------------------------------------------------------------------------
+
+    def request(self, header: dict, arrays=(), *, timeout_s: float, reply_limit_bytes: int,
+                while_waiting: Callable[[], None] | None = None) -> tuple[dict, list]:
+        """Send ``header`` + ``arrays``; return the worker's reply (header, arrays). Raises
+        :class:`Expired` (after killing everything) or :class:`WorkerGone` or ``ProtocolError``.
+
+        ``while_waiting``: the grader's own work, run once the request is sent and before the reply is
+        awaited; its duration is added to the deadline (the candidate is not charged for it) and kept in
+        ``self.grader_s``."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        self.grader_s = 0.0
+        if self.closed or self.proc is None:
+            raise WorkerGone("the worker was already stopped")
+        self._send(encode(header, arrays), deadline)
+        if while_waiting is not None:
+            begin = time.monotonic()
+            try:
+                while_waiting()
+            except Exception:  # noqa: BLE001  (the reply must still be read; the work is redone, and fails, when needed)
+                pass
+            self.grader_s = time.monotonic() - begin
+            deadline += self.grader_s
+        return self._receive(deadline, reply_limit_bytes)
+
+    def _expired(self):
+        self.close()
+        return Expired("deadline passed")
+
+    def _gone(self):
+        self.returncode = self.proc.poll()
+        if self.returncode is None:  # it closed the pipe but still runs: stop it
+            self.close()
+            self.returncode = self.proc.returncode
+        return WorkerGone(exit_description(self.returncode))
+
+    def _send(self, chunks: list, deadline: float) -> None:
+        poller = select.poll()
+        poller.register(self._w, select.POLLOUT)
+        for chunk in chunks:
+            view = memoryview(chunk).cast("B")
+            while view.nbytes:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise self._expired()
+                if not poller.poll(min(remaining, 0.25) * 1000):
+                    if self.proc.poll() is not None:
+                        raise self._gone()
+                    continue
+                try:
+                    view = view[os.write(self._w, view[:1 << 20]):]
+                except BlockingIOError:
+                    continue
+                except (BrokenPipeError, OSError):
+                    raise self._gone() from None
+
+    def _read(self, n: int, deadline: float, poller) -> bytearray:
+        buf = bytearray(n)
+        view, got = memoryview(buf), 0
+        while got < n:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise self._expired()
+            if poller.poll(min(remaining, 0.25) * 1000):
+                count = os.readv(self._r, [view[got:]])
+                if count == 0:
+                    raise self._gone()
+                got += count
+            elif self.proc.poll() is not None and not poller.poll(0):
+                raise self._gone()  # exited; a descendant may still hold the pipe open
+        return buf
+
+    def _receive(self, deadline: float, limit: int) -> tuple[dict, list]:
+        poller = select.poll()
+        poller.register(self._r, select.POLLIN)
+        (length,) = struct.unpack("<Q", self._read(8, deadline, poller))
+        if length > HEADER_LIMIT:
+            raise ProtocolError(f"a reply header of {length} bytes")
+        header, specs = decode_header(bytes(self._read(length, deadline, poller)))
+        total = sum(nbytes for _, _, nbytes in specs)
+        if total > max(limit, HEADER_LIMIT):
+            raise ProtocolError(f"a reply of {total} bytes of arrays (at most {limit} expected)")
+        arrays = [np.frombuffer(self._read(nbytes, deadline, poller), dtype).reshape(shape)
+                  for dtype, shape, nbytes in specs]
+        return header, arrays
+
+
+def load_request(candidate) -> dict:
+    """The worker's ``load`` header for a candidate: its spec when it has one (built-in name,
+    ``/abs/file.py:function``, ``module:function``), else its function pickled by reference (a
+    programmatic ``Candidate``; its loader runs here, in the caller's process, which trusts it)."""
+    from ..grading.candidates import BUILTIN, Candidate, CandidateSpecError, resolve
+
+    if isinstance(candidate, str):
+        candidate = resolve(candidate)
+    assert isinstance(candidate, Candidate)
+    if BUILTIN.get(candidate.name) is candidate:
+        return {"op": "load", "spec": candidate.name}
+    if candidate.kind == "external":
+        try:
+            spec_form = resolve(candidate.name)
+        except CandidateSpecError:
+            spec_form = None
+        if spec_form is not None and spec_form.doc == candidate.doc:
+            target, _, function = candidate.name.rpartition(":")
+            if target.endswith(".py") or "/" in target or "\\" in target:
+                target = str(os.path.abspath(os.path.expanduser(target)))
+                if not os.path.isfile(target):
+                    from ..grading.candidates import CandidateLoadError
+                    raise CandidateLoadError(f"candidate file {candidate.name.rpartition(':')[0]} does not exist")
+            return {"op": "load", "spec": f"{target}:{function}"}
+    fn = candidate.load()
+    try:
+        return {"op": "load", "pickled": base64.b64encode(pickle.dumps(fn)).decode()}
+    except Exception as e:
+        from ..grading.candidates import CandidateLoadError
+        raise CandidateLoadError(f"cannot hand {candidate.name!r} to a worker process ({type(e).__name__}: {e}); "
+                                 f"give it as path/to/file.py:function") from None
+
+
+def kill_descendants(proc: subprocess.Popen, before: dict[int, float], *, spare: set[int] = frozenset(),
+                     rounds: int = 50) -> None:
+    """SIGKILL ``proc``, its descendants, and this process's children not in ``before`` (pid ->
+    create time) nor in ``spare`` (other open sandboxes' workers), with their descendants, until none
+    is found; reap them."""
+    me = os.getpid()
+    for _ in range(rounds):
+        found: dict[int, psutil.Process] = {}
+        try:
+            worker = psutil.Process(proc.pid)
+            if proc.returncode is None:
+                found[worker.pid] = worker
+                found.update((c.pid, c) for c in worker.children(recursive=True))
+        except psutil.Error:
+            pass
+        for child in psutil.Process().children():
+            try:
+                if before.get(child.pid) == child.create_time() or child.pid in spare:
+                    continue
+                found[child.pid] = child
+                found.update((c.pid, c) for c in child.children(recursive=True))
+            except psutil.Error:
+                pass
+        if not found:
+            break
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker's session, where prctl is unavailable
+        except OSError:
+            pass
+        for p in found.values():
+            try:
+                p.kill()
+            except psutil.Error:
+                pass
+        if proc.returncode is None:
+            try:
+                proc.wait(5)
+            except subprocess.TimeoutExpired:
+                pass
+        ours = [p for p in found.values() if p.pid != proc.pid and _ppid(p) == me]
+        psutil.wait_procs(ours, timeout=1)  # reaps our (re-parented) children
+        others = [p for p in found.values() if p.pid != proc.pid and p not in ours]
+        if others:
+            psutil.wait_procs(others, timeout=0.2)
+
+
+def _ppid(p: psutil.Process) -> int | None:
+    try:
+        return p.ppid()
+    except psutil.Error:
+        return None
+
+
+@atexit.register
+def close_all() -> None:
+    """Close every sandbox still open in this process (killing its worker and descendants)."""
+    for box in list(_LIVE):
+        box.close()

@@ -1,0 +1,203 @@
+"""The main job: one measurement run (environment + correctness + benchmark) into a run folder.
+
+Beside each TPU case's timings the run keeps the TPU compiler's facts about its program
+(``compiled_tpu``, from ``bench.benchmark``: predicted by the compiler, not measured), compiled
+for TPU v5e without a chip where this host is not a TPU; null with a reason where libtpu is missing.
+
+``run_measure`` measures, grades, captures the environment, checks that no secret value made it into
+any file, and only then writes the folder atomically through ``records.rawio.write_run``: an
+interrupted or failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import jax
+from tqdm.auto import tqdm
+
+from ..measure import environment
+from ..records import rawio
+from ..bench.benchmark import BenchmarkResult, run_benchmark
+from ..bench.cases import MODEL_SCOPES, Profile, default_profile, get_profile
+
+INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say nothing about kernel "
+                     "speed, only that the kernel runs.")
+PEAK_MEMORY_NOTE = ("peak_memory_bytes is the backend's high-water mark (memory_stats) of the devices a "
+                    "case used since the process started, read after the case: an upper bound, not "
+                    "that case's own peak.")
+KNOWN_BAD_SKIPPED_NOTE = ("The known-bad built-ins were not graded in this run (profile {profile}, or "
+                          "--no-known-bad); the release's grader-power record shows the rubric rejecting "
+                          "each of them on every seed.")
+RUNS_DIR = Path("runs")
+
+
+class SecretLeakError(RuntimeError):
+    """A credential's value was found in a file about to be written; nothing was written."""
+
+
+def _unique_dir(path: Path) -> Path:
+    candidate, n = path, 1
+    while candidate.exists():
+        candidate, n = path.with_name(f"{path.name}-{n}"), n + 1
+    return candidate
+
+
+def measured_candidates(profile: Profile, scopes: Sequence[str]) -> tuple[str, list[str]]:
+    """The candidate whose checks decide the run, and every measured kernel's candidate name."""
+    kernels = []
+    if {"softmax", "attention"} & set(scopes):
+        kernels.append("pallas")
+    if ({"flash", *MODEL_SCOPES} & set(scopes)
+            or ("sharded" in scopes and profile.sharded_kernel == "flash")):
+        kernels.append("flash")
+    if "sharded" in scopes and profile.sharded_kernel == "pallas" and "pallas" not in kernels:
+        kernels.append("pallas")
+    kernels = kernels or ["reference"]
+    return kernels[0], kernels
+
+
+def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
+    return {"candidate": candidate, "kind": "kernel", "passed": False, "score": 0, "max_score": 0,
+            "error": f"{type(error).__name__}: {error}"[:2000], "checks": []}
+
+
+def grade(kernels: Sequence[str], *, seed: int, progress: bool,
+          known_bad: Sequence[str] | None = None, kernel_level: str = "full") -> list[dict[str, Any]]:
+    """Scorecards of ``kernels`` at the full level and of the known-bad candidates (default: every
+    built-in one; ``()``: none) at the quick level, each candidate in its own worker process; every
+    scorecard says its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
+    kernels' verdict is the one that counts, so it gets the model-sized problems.
+
+    If the rubric itself cannot run, each kernel gets a failed scorecard naming the error, so the
+    run is still written and honestly rejected by the builder.
+    """
+    try:
+        from ..grading import candidates, rubric
+
+        if known_bad is None:
+            known_bad = [name for name, c in candidates.BUILTIN.items() if c.kind == "known-bad"]
+        names = list(dict.fromkeys([*kernels, *known_bad]))
+        levels = {name: kernel_level if name in kernels else "quick" for name in names}
+        return [rubric.grade(name, seed=seed, level=levels[name]).to_dict()
+                for name in tqdm(names, desc="rubric", unit="candidate", disable=not progress)]
+    except Exception as error:  # noqa: BLE001 - recorded in the run, which the builder then rejects
+        return [_failed_scorecard(name, error) for name in kernels]
+
+
+def _power(power_seeds: int, progress: bool) -> dict[str, Any] | None:
+    if power_seeds <= 0:
+        return None
+    from ..grading import power
+
+    return power.measure_power(seeds=power_seeds, progress=progress)
+
+
+def run_measure(out: Path | None = None, *, profile: str | None = None, warmups: int | None = None,
+                samples: int | None = None, scopes: Sequence[str] | None = None, seed: int = 0,
+                power_seeds: int = 0, known_bad: bool | None = None, progress: bool = True) -> Path:
+    """Measure the kernels on this machine and write one run folder; return its path.
+
+    Args:
+      out: the run folder to create (must not exist); default ``runs/<run_id>/``.
+      profile: ``cpu``, ``tiny``, ``tpu-v5e`` or ``gpu``; default from the platform.
+      warmups, samples: per case; the profile's defaults (5 and 20) when ``None``.
+      scopes: subset of ``bench.cases.SCOPES`` (``softmax``, ``attention``, ``flash``, ``sharded``,
+        and on a TPU or GPU the model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's
+        defaults when ``None``.
+      seed: inputs, bootstrap resampling and the rubric.
+      power_seeds: seeds for the rubric's grader-power summary; 0 records ``power: null``.
+      known_bad: also grade every known-bad built-in (quick level); the profile's
+        ``grade_known_bad`` when ``None``. Skipping them is said in the run's notes.
+      progress: tqdm bars while running and the summary table after.
+
+    Raises:
+      FileExistsError: ``out`` exists (checked before measuring, and again at the write).
+      ValueError: unknown profile or scope, or negative counts.
+      SecretLeakError: a credential's value appeared in a file; nothing is written.
+    """
+    platform = jax.default_backend()
+    prof = get_profile(profile or default_profile(platform))
+    scopes = list(dict.fromkeys(scopes or prof.scopes))
+    warmups = prof.warmups if warmups is None else warmups
+    samples = prof.samples if samples is None else samples
+    if warmups < 0 or samples < 1:
+        raise ValueError(f"need warmups >= 0 and samples >= 1, got {warmups} and {samples}")
+    if out is not None and Path(out).exists():
+        raise FileExistsError(f"run folder {out} already exists; refusing to overwrite it")
+    created = environment.utc_now()
+    run_id = environment.run_id_for(platform, jax.devices()[0].device_kind, created)
+
+    bench = run_benchmark(prof, scopes, warmups=warmups, samples=samples, seed=seed, progress=progress)
+    measured, kernels = measured_candidates(prof, scopes)
+    known_bad = prof.grade_known_bad if known_bad is None else known_bad
+    scorecards = grade(kernels, seed=seed, progress=progress, known_bad=None if known_bad else ())
+    notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes
+    if not known_bad:
+        notes.append(KNOWN_BAD_SKIPPED_NOTE.format(profile=prof.name))
+    if any(c["peak_memory_bytes"] is not None for c in bench.cases):
+        notes.append(PEAK_MEMORY_NOTE)
+    documents = {
+        "environment": environment.capture(run_id=run_id, created=created, profile=prof.name,
+                                           devices_used=bench.devices_used, interpret=bench.interpret,
+                                           notes=notes),
+        "correctness": {"format_version": 1, "run_id": run_id, "source": "measured", "seed": seed,
+                        "measured_candidate": measured, "scorecards": scorecards,
+                        "power": _power(power_seeds, progress)},
+        "benchmark": {"format_version": 1, "run_id": run_id, "source": "measured", "profile": prof.name,
+                      "platform": platform, "interpret": bench.interpret, "warmups": warmups,
+                      "samples_per_case": samples, "cases": bench.cases, "pairs": bench.pairs},
+    }
+    _refuse_secrets(documents, bench.files)
+    out_dir = Path(out) if out is not None else _unique_dir(RUNS_DIR / run_id)
+    rawio.write_run(out_dir, documents, bench.files)
+    if progress:
+        print(summary(documents["benchmark"], documents["correctness"]), file=sys.stderr)
+    return out_dir
+
+
+def _refuse_secrets(documents: dict[str, Any], files: dict[str, bytes]) -> None:
+    everything = {f"{name}.json": rawio.dumps(doc) for name, doc in documents.items()} | dict(files)
+    leaks = environment.find_secrets(everything)
+    if leaks:
+        raise SecretLeakError(f"a credential's value appears in {leaks}; nothing was written")
+
+
+def summary(benchmark: dict[str, Any], correctness: dict[str, Any]) -> str:
+    """A plain-text table of the run: cases by scope and sequence, medians, ratios, checks passed."""
+    by_id = {c["case_id"]: c for c in benchmark["cases"]}
+
+    def ms(case: dict[str, Any]) -> str:
+        if case["status"] != "ok":
+            return "FAILED"
+        return f"{case['median_ms']:.4f} ms" + (" (interp)" if case["interpret"] else "")
+
+    lines = [f"{'scope':<10}{'seq':>6}  {'numerator':<24}{'median':>22}  {'baseline':<24}{'median':>22}"
+             f"  {'ratio [95% CI]':<24}"]
+    for pair in benchmark["pairs"]:
+        num, den = by_id[pair["numerator"]], by_id[pair["denominator"]]
+        ratio = ("n/a" if pair["ratio"] is None
+                 else f"{pair['ratio']:.2f}x [{pair['ci_low']:.2f}, {pair['ci_high']:.2f}]")
+        if pair.get("scaling_efficiency") is not None:
+            ratio += f" eff {pair['scaling_efficiency']:.2f}"
+        lines.append(f"{pair['scope']:<10}{pair['seq_len']:>6}  {num['implementation']:<24}{ms(num):>22}  "
+                     f"{den['implementation']:<24}{ms(den):>22}  {ratio:<24}")
+    paired = {p[k] for p in benchmark["pairs"] for k in ("numerator", "denominator")}
+    for case in benchmark["cases"]:
+        if case["case_id"] not in paired:
+            lines.append(f"{case['scope']:<10}{case['seq_len']:>6}  {case['implementation']:<24}{ms(case):>22}")
+    failed = [c for c in benchmark["cases"] if c["status"] != "ok"]
+    lines.append(f"cases: {len(benchmark['cases']) - len(failed)} ok, {len(failed)} failed"
+                 + "".join(f"\n  {c['case_id']}: {c['error']}" for c in failed))
+    for card in correctness["scorecards"]:
+        checks = card["checks"]
+        passed = sum(c["passed"] for c in checks)
+        verdict = "PASSED" if card["passed"] else "failed"
+        expect = " (known-bad: expected to fail)" if card["kind"] == "known-bad" else ""
+        lines.append(f"rubric {card['candidate']:<24} {passed}/{len(checks)} checks, {verdict}{expect}"
+                     + (f" - {card['error']}" if card.get("error") else ""))
+    if benchmark["interpret"]:
+        lines.append("WARNING: " + INTERPRET_WARNING)
+    return "\n".join(lines)

@@ -1,0 +1,162 @@
+"""Raw run folders: JSON Schema validation, manifest checksums, atomic writes.
+
+Formats are checked (``date-time`` by ``FORMAT_CHECKER``, which needs no extra package).
+A run folder holds ``environment.json``, ``correctness.json``, ``benchmark.json``, any evidence files
+(e.g. gzipped StableHLO) and ``manifest.json`` with the sha256 of every other file. The schemas ship
+in ``records/schemas`` so contributors can validate their own runs.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import functools
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from importlib import resources
+from pathlib import Path
+from typing import Any, Mapping
+
+import jsonschema
+
+DOCUMENTS = ("environment", "correctness", "benchmark")
+MANIFEST = "manifest.json"
+
+
+class RunError(ValueError):
+    """A run folder broke a rule; names the rule, the file and (where known) the field."""
+
+    def __init__(self, rule: str, file: str, field: str | None, message: str):
+        self.rule, self.file, self.field = rule, file, field
+        where = f"{file}" + (f" at {field}" if field else "")
+        super().__init__(f"[{rule}] {where}: {message}")
+
+
+RFC3339 = re.compile(r"^\d{4}-\d{2}-\d{2}[Tt]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$")
+FORMAT_CHECKER = jsonschema.FormatChecker(formats=())
+
+
+@FORMAT_CHECKER.checks("date-time", raises=ValueError)
+def is_date_time(value: object) -> bool:
+    """RFC 3339 ``date-time`` (what JSON Schema's format means), checked with the standard library only."""
+    if not isinstance(value, str):
+        return True  # formats constrain strings only; the type keyword handles the rest
+    if not RFC3339.match(value):
+        raise ValueError(f"{value!r} is not an RFC 3339 date-time such as 2026-01-01T00:00:00Z")
+    dt.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))  # raises ValueError for 2026-13-01 etc.
+    return True
+
+
+@functools.cache
+def load_schema(name: str) -> dict:
+    """The JSON Schema of ``name`` (one of ``DOCUMENTS`` or ``"manifest"``)."""
+    text = resources.files(__package__).joinpath("schemas", f"{name}.schema.json").read_text()
+    return json.loads(text)
+
+
+def validate(name: str, document: Any, file: str | None = None) -> None:
+    """Raise ``RunError`` unless ``document`` matches schema ``name``."""
+    validator = jsonschema.Draft202012Validator(load_schema(name), format_checker=FORMAT_CHECKER)
+    error = jsonschema.exceptions.best_match(validator.iter_errors(document))
+    if error is not None:
+        field = "/".join(str(p) for p in error.absolute_path) or None
+        raise RunError("schema", file or f"{name}.json", field, error.message)
+
+
+def sha256_file(path: Path) -> str:
+    """Lowercase hex sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def dumps(document: Any) -> bytes:
+    """Canonical JSON bytes; NaN and Inf are refused rather than written."""
+    return (json.dumps(document, indent=2, allow_nan=False) + "\n").encode()
+
+
+def write_run(run_dir: Path, documents: Mapping[str, Any], extra_files: Mapping[str, bytes] = ()) -> Path:
+    """Validate and write a complete run folder atomically (temp folder, then rename).
+
+    ``documents`` maps each name in ``DOCUMENTS`` to its JSON object; ``extra_files`` maps relative
+    POSIX paths to bytes. Refuses to overwrite an existing ``run_dir``. Nothing is left behind on error.
+    """
+    run_dir = Path(run_dir)
+    missing = [name for name in DOCUMENTS if name not in documents]
+    if missing:
+        raise ValueError(f"write_run needs documents {missing}")
+    for name in DOCUMENTS:
+        validate(name, documents[name])
+    if run_dir.exists():
+        raise FileExistsError(f"run folder {run_dir} already exists; refusing to overwrite it")
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.", suffix=".partial", dir=run_dir.parent))
+    try:
+        files = {f"{name}.json": dumps(documents[name]) for name in DOCUMENTS}
+        files.update(dict(extra_files))
+        for rel, data in files.items():
+            path = tmp / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+        manifest = {
+            "format_version": 1,
+            "run_id": documents["environment"]["run_id"],
+            "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())},
+        }
+        validate("manifest", manifest, MANIFEST)
+        (tmp / MANIFEST).write_bytes(dumps(manifest))
+        os.rename(tmp, run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return run_dir
+
+
+def _load_json(path: Path, rel: str) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise RunError("missing-file", rel, None, f"{path} does not exist") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError("corrupt-json", rel, None, f"not valid JSON ({e})") from None
+
+
+def read_run(run_dir: Path) -> dict[str, Any]:
+    """Read a run folder, checking the manifest, every checksum, every schema and the run id.
+
+    Returns ``{"manifest": ..., "environment": ..., "correctness": ..., "benchmark": ...}``.
+    Raises ``RunError`` naming the rule, file and field on the first problem found.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise RunError("missing-file", str(run_dir), None, "run folder does not exist")
+    manifest = _load_json(run_dir / MANIFEST, MANIFEST)
+    validate("manifest", manifest, MANIFEST)
+    listed = set(manifest["files"])
+    for rel, expected in sorted(manifest["files"].items()):
+        path = run_dir / rel
+        if not path.is_file():
+            raise RunError("missing-file", rel, None, "listed in the manifest but absent")
+        actual = sha256_file(path)
+        if actual != expected:
+            raise RunError("checksum", rel, None, f"sha256 {actual} != manifest {expected}")
+    unlisted = sorted(
+        p.relative_to(run_dir).as_posix() for p in run_dir.rglob("*")
+        if p.is_file() and p.name != MANIFEST and p.relative_to(run_dir).as_posix() not in listed
+    )
+    if unlisted:
+        raise RunError("unlisted-file", unlisted[0], None, "present in the run folder but not in the manifest")
+    run = {"manifest": manifest}
+    for name in DOCUMENTS:
+        rel = f"{name}.json"
+        run[name] = _load_json(run_dir / rel, rel)
+        validate(name, run[name], rel)
+        if run[name]["run_id"] != manifest["run_id"]:
+            raise RunError("run-id", rel, "run_id",
+                           f"{run[name]['run_id']!r} differs from the manifest's {manifest['run_id']!r}")
+    return run
