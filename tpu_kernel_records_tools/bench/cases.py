@@ -127,7 +127,7 @@ PROFILES: dict[str, Profile] = {
         # Finishes in under 3 minutes on a 2-core CPU, Pallas in interpret mode (the known-bad
         # built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
         Profile("cpu", batch=1, head_dim=64, grade_known_bad=False),
-        Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=3, export_tpu=True,
+        Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=5, export_tpu=True,
                 grade_known_bad=False),
         Profile("tpu-v5e", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
                 scopes=SCOPES, model=MODEL_SHAPES),

@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
+from ..bench.stats import CONFIDENCE
 from ..records.schema import CONFIG_NAMES, FEATURES, TAG
 
 FIGURE = "figures/pallas_xla_ratio.png"  # relative to data/
@@ -182,7 +183,7 @@ def figure_section(benchmark: pa.Table) -> str:
     return (f"![Median-time ratio of each kernel to the XLA reference (Pallas / XLA) against sequence length, per "
             f"record and scope](data/{FIGURE})\n\n"
             + _table(["Record", "Scope", "Sequence", "Ratio of", "Median (ms)", "XLA median (ms)",
-                     "Ratio", "95% CI"], rows))
+                     "Ratio", f"{CONFIDENCE:.0%} CI"], rows))
 
 
 def figure_png(benchmark: pa.Table) -> bytes:
