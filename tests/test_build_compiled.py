@@ -146,6 +146,7 @@ def test_without_libtpu_the_field_is_null_with_a_reason(monkeypatch):
                                  "samples_per_case": 1, "cases": result.cases, "pairs": result.pairs})
 
 
+@needs_libtpu
 def test_a_compile_error_is_a_reason_not_a_failed_case():
     from tpu_kernel_records_tools.bench import benchmark
     from tpu_kernel_records_tools.bench.cases import build_cases, get_profile

@@ -35,7 +35,7 @@ def test_the_roster_holds_what_the_project_ships():
     assert sum(c.kind == "known-bad" for c in BUILTIN.values()) >= 12
 
 
-@pytest.mark.parametrize("name", PURE_JAX)
+@pytest.mark.parametrize("name", ["reference", *(pytest.param(n, marks=pytest.mark.slow) for n in PURE_JAX[1:])])
 def test_pure_jax_builtin_passes_every_check_through_the_rubric(name):
     card = grade(name, seed=0, **QUICK)
     assert card.error is None, card.error
@@ -43,6 +43,7 @@ def test_pure_jax_builtin_passes_every_check_through_the_rubric(name):
     assert len(card.checks) >= 14 and all(c.detail for c in card.checks)
 
 
+@pytest.mark.slow
 def test_the_sharded_entry_point_passes_on_two_devices(monkeypatch):
     """``kernel_src.sharded`` around the reference, on two host devices (the rubric's worker sees them)."""
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")

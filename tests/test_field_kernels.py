@@ -7,14 +7,14 @@ ids, head repetition, the contract's zeros for rows without keys; never the nume
 flash attention and splash attention of ``jax.experimental.pallas.ops.tpu`` interpreted on the CPU
 (splash with ``interpret=True``, flash in TPU interpret mode). Graded by the rubric (worker process and
 all) at its quick level in every run; at the full level (many minutes each: the interpreter compiles a
-program per padded shape and flags) when ``TPU_KERNEL_RECORDS_SLOW_TESTS=1`` is set.
+program per padded shape and flags) in the ``slow`` run (``pytest -m slow``); the default run grades
+the XLA one.
 
 Where a JAX version lacks what a kernel needs, its test is skipped with the reason.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import jax
@@ -23,9 +23,6 @@ import pytest
 from tpu_kernel_records_tools.grading.rubric import grade
 
 ADAPTERS = Path(__file__).with_name("field_adapters.py")
-SLOW = pytest.mark.skipif(os.environ.get("TPU_KERNEL_RECORDS_SLOW_TESTS") != "1",
-                          reason="a Pallas TPU kernel interpreted on the CPU takes many minutes to grade at the full "
-                                 "level on 2 cores; set TPU_KERNEL_RECORDS_SLOW_TESTS=1 to grade it")
 
 
 def _tpu_interpret_available() -> bool:
@@ -52,21 +49,23 @@ def test_jax_dot_product_attention_xla_is_accepted():
     _grade("xla_dot_product_attention")
 
 
+@pytest.mark.slow
 @NO_TPU_INTERPRET
 def test_pallas_tpu_flash_attention_is_accepted():
     _grade("pallas_tpu_flash")
 
 
+@pytest.mark.slow
 def test_pallas_tpu_splash_attention_is_accepted():
     _grade("pallas_tpu_splash")
 
 
-@SLOW
+@pytest.mark.slow
 @NO_TPU_INTERPRET
 def test_pallas_tpu_flash_attention_is_accepted_at_the_full_level():
     _grade("pallas_tpu_flash", "full")
 
 
-@SLOW
+@pytest.mark.slow
 def test_pallas_tpu_splash_attention_is_accepted_at_the_full_level():
     _grade("pallas_tpu_splash", "full")

@@ -122,6 +122,7 @@ def full_reference():
     return grade("reference", seed=0, level="full", runner=runner), runner.calls
 
 
+@pytest.mark.slow
 def test_reference_passes_every_check_at_the_full_level(full_reference):
     card, _ = full_reference
     assert card.passed, [(c.name, c.detail) for c in card.checks if not c.passed]
@@ -129,6 +130,7 @@ def test_reference_passes_every_check_at_the_full_level(full_reference):
     _validate([card])
 
 
+@pytest.mark.slow
 def test_every_shape_is_called_twice_with_different_values(full_reference):
     """A kernel that memoizes by shape and flags meets every key at least twice with fresh values."""
     _, calls = full_reference
@@ -141,6 +143,7 @@ def test_every_shape_is_called_twice_with_different_values(full_reference):
     assert max(key[1][1] for key in fresh) > 2048  # kv_len
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", FULL_ONLY)
 def test_new_known_bad_is_caught_at_the_full_level_by_its_check(name, full_reference):
     only = BUILTIN[name].catches
@@ -161,7 +164,7 @@ def test_new_known_bad_is_exact_at_the_quick_shapes(name):
 # --------------------------------------------------------------------------------------------------
 # The quick level: every built-in.
 
-@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("seed", [0, pytest.param(1, marks=pytest.mark.slow)])
 def test_reference_passes_every_check_at_the_quick_level(seed):
     card = grade("reference", seed=seed)
     assert card.passed, card.failed
@@ -169,7 +172,8 @@ def test_reference_passes_every_check_at_the_quick_level(seed):
     _validate([card])
 
 
-@pytest.mark.parametrize("name", [n for n in CORRECT if n != "reference"] + ["pallas", "flash"])
+@pytest.mark.parametrize("name", [n for n in CORRECT if n != "reference"]
+                         + ["pallas", pytest.param("flash", marks=pytest.mark.slow)])
 def test_correct_candidates_pass(name):
     card = grade(name, seed=0)
     assert card.passed, [(c.name, c.detail) for c in card.checks if not c.passed]

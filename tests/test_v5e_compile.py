@@ -19,7 +19,7 @@ from tpu_kernel_records_tools.bench import compiled
 from tpu_kernel_records_tools.bench.cases import PROFILES, build_cases
 
 _REASON = compiled.unavailable_reason()
-pytestmark = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(_REASON is not None, reason=str(_REASON))]
 
 PROFILE = PROFILES["tpu-v5e"]
 # Pallas kernels per program: forward only, and forward + backward (the VJP re-runs the forward).
