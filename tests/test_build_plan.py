@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import release_fixtures as testing
+from tpu_kernel_records_tools.bench.peers import PEERS
 from tpu_kernel_records_tools.bench.plan import LABEL
 from tpu_kernel_records_tools.builder import plan
 from tpu_kernel_records_tools.builder.build import BuildError, build
@@ -20,22 +21,29 @@ from tpu_kernel_records_tools.cli import main as commands
 from release_fixtures import PUBLISHED
 
 
-def _row(seq: int, mode: str, kernel_flops: float, kernel_bytes: float, outside: float,
-         xla_flops: float, xla_bytes: float) -> dict:
-    flash_floor = 1e3 * max(kernel_flops / 197e12, (kernel_bytes + outside) / 819e9)
+def _row(seq: int, mode: str, kernel_flops: float, kernel_bytes: float, modelled: float, outside: float,
+         xla_flops: float, xla_bytes: float, peer_bytes: tuple[float, float, float]) -> dict:
+    traffic = modelled + outside
+    flash_floor = 1e3 * max(kernel_flops / 197e12, traffic / 819e9)
     xla_floor = 1e3 * max(xla_flops / 197e12, xla_bytes / 819e9)
+    peers = {name: dict(kernel_bytes=b, outside_bytes=1e6, traffic_bytes=b + 1e6, kernels=1, vmem_bytes=2 ** 20)
+             for name, b in zip(PEERS, peer_bytes)}
+    best = min(peers, key=lambda name: peers[name]["traffic_bytes"])
     return dict(seq=seq, batch=8, num_q_heads=4, num_kv_heads=2, head_dim=128, mode=mode,
                 flash_outside_bytes=outside, flash_outside_ops=["copy"], flash_kernel_bytes=kernel_bytes,
+                flash_modelled_bytes=modelled, flash_traffic_bytes=traffic,
                 flash_kernel_flops=kernel_flops, flash_vmem_bytes=3 * 2 ** 20, flash_kernels=1,
                 flash_floor_ms=flash_floor, xla_bytes=xla_bytes, xla_flops=xla_flops,
                 xla_floor_ms=xla_floor, flash_over_xla=flash_floor / xla_floor,
-                forward_useful_flops=kernel_flops, outside_over_kernel=outside / kernel_bytes)
+                forward_useful_flops=kernel_flops, outside_over_kernel=outside / kernel_bytes,
+                peers=peers, best_peer=best, flash_over_best_peer=traffic / peers[best]["traffic_bytes"])
 
 
 PLAN = dict(label=LABEL, command="tpu-kernel-records plan --profile tpu-v5e --json plan.json",
             jax="0.10.2", libtpu="0.0.42.1", date="2026-12-03",
-            rows=[_row(2048, "fwd", 34.4e9, 50.3e6, 100.7e6, 70.0e9, 1965.3e6),
-                  _row(2048, "fwd+bwd", 154.7e9, 185.9e6, 269.7e6, 176.3e9, 5614.6e6)])
+            rows=[_row(2048, "fwd", 34.4e9, 50.3e6, 100.6e6, 50.4e6, 70.0e9, 1965.3e6, (199e6, 300e6, 250e6)),
+                  _row(2048, "fwd+bwd", 154.7e9, 185.9e6, 400e6, 55.7e6, 176.3e9, 5614.6e6,
+                       (900e6, 1200e6, 800e6))])
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +75,12 @@ def test_the_plan_builds_into_data_and_the_card_labelled_as_predicted(ws):
     section = section.split("<!-- END GENERATED: plan -->")[0]
     assert LABEL in section and "not measured" in section and "[PLAN_V5E.md](PLAN_V5E.md)" in section
     fwd = PLAN["rows"][0]
-    # flash: 151.0 MB at 819 GB/s = 0.184 ms; XLA: 1965.3 MB = 2.400 ms; ratio 0.077.
-    assert f"| 2048 | 8 | 4 / 2 | 128 | fwd | 0.184 | 2.400 | {fwd['flash_over_xla']:.3f} |" in section
+    # flash: 100.6 + 50.4 = 151.0 MB at 819 GB/s = 0.184 ms; XLA: 1965.3 MB = 2.400 ms; ratio 0.077;
+    # best peer splash-512 at 199 + 1 = 200 MB: 151.0 / 200 = 0.76. Backward: jax-flash's 801 MB.
+    assert (f"| 2048 | 8 | 4 / 2 | 128 | fwd | 151.0 | 200.0 (splash-512) | 0.76 | 0.184 | 2.400 "
+            f"| {fwd['flash_over_xla']:.3f} |") in section
     assert f"{fwd['flash_over_xla']:.3f}" == "0.077"
+    assert "| fwd+bwd | 455.7 | 801.0 (jax-flash) | 0.57 |" in section
     assert "jax 0.10.2, libtpu 0.0.42.1" in section
     assert verify(ws / "data") == []
 
@@ -80,6 +91,13 @@ def test_the_plan_builds_into_data_and_the_card_labelled_as_predicted(ws):
     (lambda d: d["rows"][1].__setitem__("flash_floor_ms", 0.1), "rows/1/flash_floor_ms"),
     (lambda d: d.__setitem__("label", "Measured on a TPU v5e."), "label"),
     (lambda d: d["rows"][0].__setitem__("mode", "bwd"), "rows/0/mode"),
+    (lambda d: d["rows"][0].__setitem__("flash_traffic_bytes", 120e6), "rows/0/flash_traffic_bytes"),
+    (lambda d: d["rows"][0].__setitem__("flash_modelled_bytes", 40e6), "rows/0/flash_modelled_bytes"),
+    (lambda d: d["rows"][0]["peers"]["splash-512"].__setitem__("traffic_bytes", 1e6),
+     "rows/0/peers/splash-512/traffic_bytes"),
+    (lambda d: d["rows"][1].__setitem__("best_peer", "splash-512"), "rows/1/best_peer"),
+    (lambda d: d["rows"][1].__setitem__("flash_over_best_peer", 0.4), "rows/1/flash_over_best_peer"),
+    (lambda d: d["rows"][1]["peers"].pop("jax-flash"), "rows/1/peers"),
     (lambda d: d.__setitem__("rows", []), "rows"),
 ])
 def test_a_plan_whose_numbers_do_not_follow_is_refused_and_nothing_written(ws, edit, field):

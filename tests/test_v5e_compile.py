@@ -204,6 +204,15 @@ def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode)
     # no relayout copy around the kernels, under every supported jax (issue 12's target)
     assert row["flash_outside_bytes"] <= 0.1 * row["flash_kernel_bytes"], row
     assert 0 < row["flash_over_xla"] < 10
+    # one block per kernel at seq 128: the pipeline moves exactly the least traffic
+    assert row["flash_modelled_bytes"] == row["flash_kernel_bytes"], row
+    assert row["flash_traffic_bytes"] == row["flash_modelled_bytes"] + row["flash_outside_bytes"]
+    assert set(row["peers"]) == {"splash-512", "splash-default", "jax-flash"}
+    assert all(p["traffic_bytes"] > 0 for p in row["peers"].values()), row["peers"]
+    assert row["flash_over_best_peer"] == pytest.approx(
+        row["flash_traffic_bytes"] / row["peers"][row["best_peer"]]["traffic_bytes"])
+    from tpu_kernel_records_tools.builder.plan import check_plan
+    check_plan(dict(label=plan.LABEL, rows=[row]))
     text = plan.render_markdown([row], "tpu-v5e", "tpu-kernel-records plan --seq 128")
     assert "Predicted by the TPU compiler, not measured" in text
     assert f"| flash | 128 | 8 | 4 / 2 | {mode} |" in text

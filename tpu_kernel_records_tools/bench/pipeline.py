@@ -10,15 +10,17 @@ the Pallas TPU pipeline, whose rule this module replays:
   changes index is copied once, a block revisited after a different one is copied again, and a
   skipped step whose index map repeats the last block costs nothing;
 * an output block is written VMEM -> HBM once per run of equal consecutive indices (when its
-  index changes, and at the end).
+  index changes, and at the end);
+* a scalar-prefetch operand is copied to SMEM once.
 
 Index maps are evaluated at every grid point with the kernel's scalar-prefetch operands (the
 project's kv lengths, splash's mask tables), so the walk needs their values: they are folded
 from constants, or given for the program's arguments (``known``). Only the kernels a TPU
 compile keeps are counted: a ``cond`` whose branch is known (``lax.platform_dependent``'s
 ``platform_index`` takes the TPU branch, or a constant) is followed into that branch alone.
-Blocks in ``memory_space=ANY`` (manual DMA) are reported, not counted. A kernel inside a loop
-body is counted once. This is a model of the pipeline, not a measurement.
+Blocks in ``memory_space=ANY`` (manual DMA) are reported, not counted; a small input that is a
+constant of the program (``SMALL_CONSTANT``) is counted once. A kernel inside a loop body is
+counted once. This is a model of the pipeline, not a measurement.
 """
 
 from __future__ import annotations
@@ -32,6 +34,10 @@ import jax
 import jax.numpy as jnp
 
 _MAX_FOLD_ELEMENTS = 1 << 24  # constant-folded intermediates larger than this stay unknown
+# A kernel input whose value is a constant of the program and at most this big (splash's
+# q_sequence iota) is placed in VMEM by XLA (memory space S(1) in the compiled HLO): it is
+# counted once, not once per block copy.
+SMALL_CONSTANT = 4 << 20
 
 
 # --- the rule --------------------------------------------------------------------------------
@@ -209,14 +215,21 @@ def kernel_record(eqn, values: Sequence[Any]) -> dict[str, Any]:
                       write_bytes=None, bytes=None)
         return record
     prefetch = [np.asarray(v) for v in prefetch]
+    for value in prefetch:  # copied to SMEM once, before the first step
+        record["inputs"].append(dict(array=f"{value.dtype}{list(value.shape)}", array_bytes=int(value.nbytes),
+                                     copies=1, bytes=int(value.nbytes), note="scalar prefetch"))
     points = grid_points(grid)
     for k, bm in enumerate(mapping.block_mappings):
         space = str(getattr(bm.transformed_block_aval, "memory_space", None) or "")
         array_bytes = math.prod(bm.array_aval.shape) * np.dtype(bm.array_aval.dtype).itemsize
         entry = dict(array=f"{bm.array_aval.dtype}{list(bm.array_aval.shape)}",
                      array_bytes=int(array_bytes))
+        value = values[dynamic + mapping.num_index_operands + k] if k < mapping.num_inputs else None
         if "any" in space.lower():
             entry.update(copies=None, bytes=0, note="memory_space ANY: manual DMA, not modelled")
+        elif value is not None and array_bytes <= SMALL_CONSTANT:
+            entry.update(copies=1, bytes=int(array_bytes),
+                         note="a small constant of the program: XLA keeps it in VMEM, read once")
         else:
             copies = block_copies(_index_map_indices(bm, points, prefetch))
             entry.update(copies=copies, bytes=copies * _block_bytes(bm))

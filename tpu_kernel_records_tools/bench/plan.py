@@ -10,11 +10,18 @@ each compiled program:
   (relayout copies, padding, the clip of kv_lengths), parsed from the optimized HLO;
 * the kernels' least traffic and FLOPs: what their ``pl.CostEstimate`` declares (every operand
   read once, every result written once; matmul FLOPs over the causally visible pairs);
+* the kernels' modelled traffic: what their Pallas pipelines move (``bench.pipeline``: a block is
+  copied when its index changes between consecutive grid steps), every key valid
+  (``kv_lengths = seq``, as the peers see them); traffic = modelled + bytes outside;
 * VMEM: the most scoped VMEM any one kernel reserves;
 * floor: the roofline floor ``max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s)`` (v5e, bf16), with
-  flash's bytes = kernels' least traffic + bytes outside, and XLA's FLOPs and bytes from its own
-  cost analysis (its fp32 logits round-trip HBM);
-* flash / XLA: the ratio of the two floors.
+  flash's bytes = its traffic, and XLA's FLOPs and bytes from its own cost analysis (its fp32
+  logits round-trip HBM);
+* flash / XLA: the ratio of the two floors;
+* peers (``bench.peers``: JAX's splash attention at 512 tiles and at its defaults, JAX's Pallas
+  flash attention), compiled the same way at the same shape on their own ``[b, h, s, d]``
+  layout: modelled kernel bytes + bytes outside their kernels, and flash's traffic over the best
+  (least) of them.
 
 All of it is the compiler's plan: predicted, not measured. A measured TPU record replaces it.
 """
@@ -24,10 +31,12 @@ from __future__ import annotations
 import datetime
 from typing import Any, Callable, Iterable, NamedTuple
 
+import numpy as np
+
 import jax
 import jax.numpy as jnp
 
-from ..bench import compiled, roofline
+from ..bench import compiled, peers, pipeline, roofline
 from ..bench.cases import MODEL_SCOPES, get_profile, kv_lengths_for
 
 LABEL = ("Predicted by the TPU compiler, not measured: programs compiled for a TPU v5e by libtpu "
@@ -96,8 +105,28 @@ def plan_shapes(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = 
     return shapes
 
 
-def plan_row(profile_name: str, shape: Shape) -> dict[str, Any]:
-    """One row of the plan: both programs compiled at ``shape`` (one of ``plan_shapes``) for its pass."""
+def peer_traffic(peer: str, shape: Shape, dtype) -> dict[str, Any]:
+    """One peer compiled for v5e at ``shape``: ``kernel_bytes`` (modelled), ``outside_bytes``,
+    ``traffic_bytes`` (their sum), ``kernels`` and ``vmem_bytes``."""
+    args = peers.arguments(shape.batch, shape.seq, shape.num_q_heads, shape.num_kv_heads,
+                           shape.head_dim, dtype, shape.mode, compiled.struct)
+    fn = peers.program(peer, shape.seq, shape.num_q_heads, shape.num_kv_heads, shape.mode)
+    facts = compiled.analyse(compiled.compile_program(fn, args))
+    modelled = pipeline.total_bytes(pipeline.kernel_traffic(fn, args))
+    return dict(kernel_bytes=modelled, outside_bytes=facts["outside_bytes"],
+                traffic_bytes=None if modelled is None else modelled + facts["outside_bytes"],
+                kernels=len(facts["kernels"]), vmem_bytes=facts["vmem_bytes"])
+
+
+def best_peer(row_peers: dict[str, dict[str, Any]]) -> str | None:
+    """The peer with the least traffic (``None`` if none was modelled)."""
+    modelled = {name: p["traffic_bytes"] for name, p in row_peers.items() if p.get("traffic_bytes")}
+    return min(modelled, key=modelled.get) if modelled else None
+
+
+def plan_row(profile_name: str, shape: Shape, with_peers: bool = True) -> dict[str, Any]:
+    """One row of the plan: both programs compiled at ``shape`` (one of ``plan_shapes``) for its
+    pass, flash's kernels modelled, and (``with_peers``) the peers compiled and modelled."""
     profile = get_profile(profile_name)
     batch, seq, hq, hk, d, mode = (shape.batch, shape.seq, shape.num_q_heads, shape.num_kv_heads,
                                    shape.head_dim, shape.mode)
@@ -113,23 +142,36 @@ def plan_row(profile_name: str, shape: Shape) -> dict[str, Any]:
     kernel_bytes = sum(k["declared_bytes"] or 0 for k in flash["kernels"])
     kernel_flops = sum(k["declared_flops"] or 0 for k in flash["kernels"])
     undeclared = any(k["declared_bytes"] is None for k in flash["kernels"])
+    # every key valid (kv_lengths = seq): the causal mask alone decides which blocks are needed
+    modelled = pipeline.total_bytes(pipeline.kernel_traffic(
+        _program(_programs()["flash"], profile.causal, mode), args,
+        known={3: np.full((batch,), seq, np.int32)}))
+    traffic = None if modelled is None else modelled + flash["outside_bytes"]
     peak = roofline.device_peak(str(compiled.v5e_devices()[0].device_kind))
     useful, _ = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize, profile.causal,
                                         kv_lengths_for(batch, seq) if profile.padded else None)
-    flash_floor = _floor_ms(kernel_flops, kernel_bytes + flash["outside_bytes"], peak)
+    no_floor = undeclared or traffic is None
+    flash_floor = None if no_floor else _floor_ms(kernel_flops, traffic, peak)
     xla_floor = _floor_ms(xla["flops"], xla["bytes_accessed"], peak)
-    return dict(
+    row = dict(
         scope=shape.scope, seq=seq, batch=batch, num_q_heads=hq, num_kv_heads=hk, head_dim=d, mode=mode,
         flash_outside_bytes=flash["outside_bytes"], flash_outside_ops=flash["outside_ops"],
         flash_kernel_bytes=None if undeclared else kernel_bytes,
+        flash_modelled_bytes=modelled, flash_traffic_bytes=traffic,
         flash_kernel_flops=None if undeclared else kernel_flops,
         flash_vmem_bytes=flash["vmem_bytes"], flash_kernels=len(flash["kernels"]),
-        flash_floor_ms=None if undeclared else flash_floor,
+        flash_floor_ms=flash_floor,
         xla_bytes=xla["bytes_accessed"], xla_flops=xla["flops"], xla_floor_ms=xla_floor,
-        flash_over_xla=None if undeclared else flash_floor / xla_floor,
+        flash_over_xla=None if no_floor else flash_floor / xla_floor,
         forward_useful_flops=useful,
         outside_over_kernel=None if undeclared or not kernel_bytes
         else flash["outside_bytes"] / kernel_bytes)
+    if with_peers:
+        row["peers"] = {peer: peer_traffic(peer, shape, dtype) for peer in peers.PEERS}
+        row["best_peer"] = best_peer(row["peers"])
+        row["flash_over_best_peer"] = (None if traffic is None or row["best_peer"] is None
+                                       else traffic / row["peers"][row["best_peer"]]["traffic_bytes"])
+    return row
 
 
 def plan_rows(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = None,
@@ -165,17 +207,25 @@ def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str)
         f"the XLA reference fits a v5e's HBM, as in the benchmark). Peaks: 197 TFLOP/s bf16, 819 GB/s HBM.",
         "",
         "| scope | seq | batch | heads (q / kv) | pass | outside kernels (MB) | kernels' least traffic (MB) "
-        "| outside / kernels | kernels' GFLOP | VMEM (MiB) | flash floor (ms) | XLA bytes (MB) | XLA GFLOP "
-        "| XLA floor (ms) | flash / XLA |",
-        "|---|---:|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| kernels, modelled (MB) | flash traffic (MB) | kernels' GFLOP | VMEM (MiB) | flash floor (ms) "
+        + "".join(f"| {peer} (MB) " for peer in peers.PEERS)
+        + "| flash / best peer | XLA bytes (MB) | XLA GFLOP | XLA floor (ms) | flash / XLA |",
+        "|---|---:|---:|---|---|" + "---:|" * (12 + len(peers.PEERS)),
     ]
     for r in rows:
+        row_peers = r.get("peers") or {}
+        best = r.get("best_peer")
+        cells = "".join(
+            f"| {_num((row_peers.get(peer) or {}).get('traffic_bytes'), _MB, 1)}{' *' if peer == best else ''} "
+            for peer in peers.PEERS)
         lines.append(
             f"| {r.get('scope', 'flash')} | {r['seq']} | {r['batch']} | {r['num_q_heads']} / {r['num_kv_heads']} "
             f"| {r['mode']} | {_num(r['flash_outside_bytes'], _MB, 1)} "
-            f"| {_num(r['flash_kernel_bytes'], _MB, 1)} | {_num(r['outside_over_kernel'], 1, 2)} "
+            f"| {_num(r['flash_kernel_bytes'], _MB, 1)} | {_num(r.get('flash_modelled_bytes'), _MB, 1)} "
+            f"| {_num(r.get('flash_traffic_bytes'), _MB, 1)} "
             f"| {_num(r['flash_kernel_flops'], 1e9, 1)} | {_num(r['flash_vmem_bytes'], _MIB, 2)} "
-            f"| {_num(r['flash_floor_ms'], 1, 3)} | {_num(r['xla_bytes'], _MB, 1)} "
+            f"| {_num(r['flash_floor_ms'], 1, 3)} {cells}| {_num(r.get('flash_over_best_peer'), 1, 2)} "
+            f"| {_num(r['xla_bytes'], _MB, 1)} "
             f"| {_num(r['xla_flops'], 1e9, 1)} | {_num(r['xla_floor_ms'], 1, 3)} "
             f"| {_num(r['flash_over_xla'], 1, 3)} |")
     lines += ["", "How to read it:", "",
@@ -185,10 +235,26 @@ def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str)
               "- *kernels' least traffic* and *GFLOP*: what the kernels declare with "
               "`pl.CostEstimate`: each operand read once and each result written once; matmul "
               "FLOPs over the causally visible (query, key) pairs (forward 2 products per pair, "
-              "dQ 3, dK/dV 4). Real kernels re-read K/V tiles, so their traffic is higher.",
+              "dQ 3, dK/dV 4).",
+              "- *kernels, modelled*: the HBM bytes the kernels' Pallas pipelines move "
+              "(`bench.pipeline`): a BlockSpec block is copied when its block index changes between "
+              "consecutive grid steps (row-major, last axis fastest), an output block written once "
+              "per run of equal indices; index maps evaluated at every grid step with their "
+              "scalar-prefetch values, every key valid (kv_lengths = seq, as the peers see them); "
+              "only the kernels of the branch a TPU lowering takes. *flash traffic* = modelled + "
+              "outside.",
               "- *floor*: `max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s)`, a roofline lower bound, "
-              "not a time. Flash: kernels' least traffic plus bytes outside. XLA: the reference's "
-              "own cost analysis (all of its FLOPs, its fp32 logits in HBM).",
+              "not a time. Flash: its traffic (modelled kernels plus bytes outside). XLA: the "
+              "reference's own cost analysis (all of its FLOPs, its fp32 logits in HBM).",
+              "- *peers* (`bench.peers`), compiled for the same chip at the same shape, causal, on "
+              "their own `[b, h, s, d]` layout: JAX's splash attention (`make_splash_mha`, native "
+              "grouped-query K/V, vmapped over the batch) with 512 tiles (or the sequence, if "
+              "shorter) and with its default 128 tiles, and JAX's Pallas flash attention (default "
+              "tiles; no grouped-query attention, so K/V are repeated to the query heads in the "
+              "program, counted outside its kernels). Each: modelled kernel bytes + bytes outside "
+              "its kernels, by the same rules; a small constant kernel operand (splash's "
+              "`q_sequence`) counts once, as XLA keeps it in VMEM. `*` marks the best (least) peer; "
+              "*flash / best peer* is flash's traffic over that peer's.",
               "- *flash / XLA*: ratio of the two floors; below 1 the compiler's plan favours "
               "flash. Measured rows from a TPU record replace this table.", ""]
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """``tpu-kernel-records plan``: the static v5e performance plan (``bench.plan``), as Markdown.
 
-Compiles flash attention and the XLA reference for a TPU v5e on this machine (libtpu, no TPU)
-at each sequence length of the profile and writes the compiler's predictions, labelled as such.
+Compiles flash attention, the XLA reference and JAX's own TPU attention kernels (splash, Pallas
+flash: the peers) for a TPU v5e on this machine (libtpu, no TPU) at each shape of the profile, models
+the bytes each kernel's Pallas pipeline moves (``bench.pipeline``) and writes the compiler's
+predictions, labelled as such.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ from pathlib import Path
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add the ``plan`` subcommand."""
     p = subparsers.add_parser(
-        "plan", help="predict flash vs XLA on TPU v5e from compiled programs (no TPU needed)",
-        description="Compile flash_attention and the XLA reference for a TPU v5e with libtpu (no "
+        "plan", help="predict flash vs XLA and JAX's TPU kernels on TPU v5e from compiled programs "
+                     "(no TPU needed)",
+        description="Compile flash_attention, the XLA reference and the peers (JAX's splash attention at "
+                    "512 and default tiles, JAX's Pallas flash attention) for a TPU v5e with libtpu (no "
                     "TPU needed; nothing runs) at each sequence length of the profile's flash scope and "
                     "each of its model-sized shapes where the XLA reference fits HBM, forward and "
                     "forward + backward, and write a Markdown table: bytes outside the kernels, "
-                    "the kernels' declared least traffic and FLOPs, VMEM, roofline floors and the "
-                    "flash / XLA ratio. Predicted by the compiler, not measured.")
+                    "the kernels' declared least traffic and FLOPs, the bytes their Pallas pipelines "
+                    "move (modelled from grids and BlockSpecs), VMEM, roofline floors, the peers' "
+                    "traffic, flash / best peer and flash / XLA. Predicted by the compiler, not measured.")
     p.add_argument("--profile", default="tpu-v5e", help="benchmark profile (default tpu-v5e)")
     p.add_argument("--seq", type=int, nargs="+", metavar="N",
                    help="sequence lengths, of the flash scope and the model shapes alike (default: all of "
