@@ -1,8 +1,9 @@
 """``tpu-kernel-records``: one CLI above everything it calls.
 
 ``measure`` (the measurement job, ``measure.run``), ``grade`` and ``power`` (the correctness rubric,
-``cli.rubric``; ``tpu-kernel-rubric`` is their alias), ``build``, ``verify`` and ``publish`` (the
-release, ``cli.release``). ``python -m cli`` is the same command.
+``cli.rubric``; ``tpu-kernel-rubric`` is their alias), ``calibrate`` (the tolerance calibration,
+``cli.calibrate``), ``build``, ``verify`` and ``publish`` (the release, ``cli.release``) and ``plan``.
+``python -m tpu_kernel_records_tools`` is the same command.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..cli import plan, release, rubric
+from ..cli import calibrate, plan, release, rubric
 from ..bench.cases import PROFILES, SCOPES
 from ..records.schema import VERSION
 
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     add_measure_parser(subparsers)
     rubric.register(subparsers)
+    calibrate.register(subparsers)
     release.register(subparsers)
     plan.register(subparsers)
     return parser

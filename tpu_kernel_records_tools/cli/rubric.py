@@ -65,6 +65,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernel-seeds", type=int, metavar="N",
                    help="seeds for kind=kernel candidates in --power (default: --seeds)")
     p.add_argument("--markdown", type=Path, metavar="PATH", help="with --power: write the Markdown report")
+    add_sweep_options(p)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     return p
@@ -139,22 +140,61 @@ def _list() -> int:
     return EXIT_OK
 
 
+def add_sweep_options(p: argparse.ArgumentParser) -> None:
+    """Where a sweep's trials run (``grading.sweep``) and where they are streamed."""
+    p.add_argument("--workers", type=int, metavar="N",
+                   help="Dask worker processes of a local cluster (default: one per core); 0 grades serially "
+                        "in this process")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="run the trials on an existing Dask cluster (tcp://host:8786: `dask scheduler` plus "
+                        "`dask worker` processes on machines with this project installed)")
+    p.add_argument("--trials", type=Path, metavar="JSONL",
+                   help="append each finished trial to this JSON Lines file as it finishes")
+    p.add_argument("--resume", action="store_true",
+                   help="with --trials: grade only the trials the file does not hold yet")
+
+
+def run_sweep(args, tasks: list[tuple[str, int]], sweep: str):
+    """``grading.sweep.run`` with the command's options; None (after one line on stderr) on a usage error."""
+    from ..grading import sweep as sweeps
+
+    if args.resume and args.trials is None:
+        print("tpu-kernel-rubric: --resume needs --trials JSONL", file=sys.stderr)
+        return None
+    if args.workers is not None and args.workers < 0:
+        print("tpu-kernel-rubric: --workers must be >= 0", file=sys.stderr)
+        return None
+    try:
+        return sweeps.run(tasks, level="quick" if args.quick else "full", time_limit_s=args.time_limit,
+                          out=args.trials, resume=args.resume, workers=args.workers, scheduler=args.scheduler,
+                          progress=not args.quiet, sweep=sweep)
+    except (FileExistsError, ValueError) as e:
+        print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
+        return None
+
+
 def _power(args) -> int:
-    from ..grading.power import measure_power, power_markdown
+    from ..grading.power import default_candidates, power_markdown, power_tasks, summarize
 
     if not args.seeds or args.seeds < 1:
         print("tpu-kernel-rubric: --power needs --seeds N (N >= 1)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        cands = [resolve(c) for c in args.candidate] or None
+        cands = [resolve(c) for c in args.candidate or default_candidates()]
     except CandidateSpecError as e:
         print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
         return EXIT_USAGE
-    power = measure_power(seeds=args.seeds, candidates=cands, progress=not args.quiet,
-                          first_seed=args.first_seed, kernel_seeds=args.kernel_seeds,
-                          time_limit_s=args.time_limit, level="quick" if args.quick else "full")
+    done = run_sweep(args, power_tasks(cands, args.seeds, args.first_seed, args.kernel_seeds), "power")
+    if done is None:
+        return EXIT_USAGE
+    power = summarize(cands, done.trials, args.seeds, args.first_seed, "quick" if args.quick else "full")
     report = power_markdown(power)
     print(report, end="")
+    for failure in done.failed:
+        print(f"tpu-kernel-rubric: not graded: {failure['candidate']} seed {failure['seed']}: {failure['error']}",
+              file=sys.stderr)
+    if done.failed:
+        return EXIT_FAILED
     if args.json:
         _write_json(args.json, {"power": power})
     if args.markdown:
@@ -194,7 +234,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     full = _parser()
     grade_opts = {"--candidate", "--seed", "--quick", "--timeout", "--memory-limit", "--json", "--list", "--quiet"}
     power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
-                  "--markdown", "--quiet"}
+                  "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume"}
     for name, opts, func, help_text in (
             ("grade", grade_opts, _grade, "grade attention candidates with the correctness rubric"),
             ("power", power_opts, _power, "sweep seeds: false rejects and power on known-bad candidates")):

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter, defaultdict
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -56,63 +56,107 @@ def _group(v) -> str:
     return f"{'gradient' if v.gradient else 'forward'}/{v.dtype}"
 
 
+def power_tasks(candidates: Sequence[Candidate], seeds: int, first_seed: int = 0,
+                kernel_seeds: int | None = None) -> list[tuple[str, int]]:
+    """``(candidate name, seed)`` of every trial of a sweep, seed-major: kind "kernel" candidates get only
+    the first ``kernel_seeds`` seeds (default: all)."""
+    if seeds < 1:
+        raise ValueError(f"seeds must be >= 1, got {seeds}")
+    kernel_seeds = seeds if kernel_seeds is None else min(seeds, kernel_seeds)
+    return [(c.name, seed) for seed in range(first_seed, first_seed + seeds) for c in candidates
+            if c.kind != "kernel" or seed < first_seed + kernel_seeds]
+
+
 def measure_power(*, seeds: int, candidates: Sequence[str | Candidate] | None = None, progress: bool = True,
                   first_seed: int = 0, kernel_seeds: int | None = None, time_limit_s: float | None = None,
                   level: str = "full") -> dict:
     """Grade each candidate on ``seeds`` seeds (``kernel_seeds`` for kind "kernel", default the same) at
-    ``level``. Seeds go in blocks of ``grading.checks.CACHE_SEEDS``: within a block every candidate is
-    graded by one worker (``grade_seeds``) on every seed of the block, and the problems (inputs, truth,
-    baseline) of the block's seeds are computed once for all candidates.
+    ``level``, in this process (``grade_trials``; ``grading.sweep`` runs the same trials on Dask).
 
     Returns the JSON-able power summary (format in ``records/schemas/correctness.schema.json``, ``power``).
     """
-    if seeds < 1:
-        raise ValueError(f"seeds must be >= 1, got {seeds}")
     cands = [resolve(c) for c in (candidates if candidates is not None else default_candidates())]
-    kernel_seeds = seeds if kernel_seeds is None else min(seeds, kernel_seeds)
-    stats = {c.name: {"trials": 0, "rejected": 0, "rejected_by": Counter(), "by_intended": 0,
-                      "seconds": 0.0, "errors": Counter(), "ratio": defaultdict(float), "k": defaultdict(float),
-                      "floor": defaultdict(float), "k_to_pass": []} for c in cands}
-    total = sum(kernel_seeds if c.kind == "kernel" else seeds for c in cands)
-    bar = tqdm(total=total, desc="power", unit="grade", disable=not progress)
+    trials = grade_trials(power_tasks(cands, seeds, first_seed, kernel_seeds), level=level,
+                          time_limit_s=time_limit_s, progress=progress, candidates=cands)
+    return summarize(cands, trials, seeds, first_seed, level)
+
+
+def grade_trials(tasks: Sequence[tuple[str, int]], *, level: str, time_limit_s: float | None = None,
+                 progress: bool = True, on_trial: Callable[[dict], None] | None = None,
+                 candidates: Sequence[Candidate] = ()) -> list[dict]:
+    """The ``trial_record`` of each ``(candidate, seed)`` in ``tasks``, graded in this process, in task
+    order. Seeds go in blocks of ``grading.checks.CACHE_SEEDS``: within a block each candidate is graded
+    by one worker (``grade_seeds``) on its seeds of the block, and the problems (inputs, truth, baseline)
+    of the block's seeds are computed once for all candidates. ``on_trial`` receives each record as soon
+    as it is known. Candidates are named in ``tasks`` and resolved by name unless given in ``candidates``."""
+    given = {c.name: c for c in candidates}
+    cands = {name: given.get(name) or resolve(name) for name, _ in tasks}
     limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
-    all_seeds = list(range(first_seed, first_seed + seeds))
-    for at in range(0, seeds, C.CACHE_SEEDS):
-        block = all_seeds[at:at + C.CACHE_SEEDS]
-        for cand in cands:
-            mine = [s for s in block if cand.kind != "kernel" or s < first_seed + kernel_seeds]
+    records: dict[tuple[str, int], dict] = {}
+    bar = tqdm(total=len(tasks), desc="power", unit="grade", disable=not progress)
+    all_seeds = list(dict.fromkeys(seed for _, seed in tasks))
+    for at in range(0, len(all_seeds), C.CACHE_SEEDS):
+        block = set(all_seeds[at:at + C.CACHE_SEEDS])
+        for name, cand in cands.items():
+            mine = [seed for n, seed in tasks if n == name and seed in block]
             if not mine:
                 continue
-            bar.set_postfix_str(f"seeds {mine[0]}-{mine[-1]} {cand.name}")
+            bar.set_postfix_str(f"seeds {mine[0]}-{mine[-1]} {name}")
             start = time.perf_counter()
             cards = grade_seeds(cand, mine, level=level, **limit)
-            s = stats[cand.name]
-            s["seconds"] += time.perf_counter() - start
-            for card in cards:
-                _tally(s, cand, card)
+            seconds = (time.perf_counter() - start) / len(cards)
+            for seed, card in zip(mine, cards):
+                records[(name, seed)] = record = trial_record(cand, seed, card, seconds)
+                if on_trial is not None:
+                    on_trial(record)
             bar.update(len(mine))
     bar.close()
-    return _summary(cands, stats, seeds, first_seed, level)
+    return [records[t] for t in tasks]
 
 
-def _tally(s: dict, cand: Candidate, card) -> None:
-    s["trials"] += 1
-    if card.error:
-        s["errors"][card.error] += 1
-    if not card.passed:
-        s["rejected"] += 1
-        s["rejected_by"].update(card.failed)
-        if set(card.failed) & set(cand.catches):
-            s["by_intended"] += 1
+def trial_record(cand: Candidate, seed: int, card, seconds: float) -> dict:
+    """One trial (one candidate's scorecard on one seed) as a JSON-able record: its outcome and, per
+    (forward | gradient, dtype), the largest error/tolerance ratio, needed ``k`` and needed floor."""
+    groups: dict[str, list[float]] = {}
     worst_k = 0.0
     for verdicts in card.verdicts.values():
         for v in verdicts:
-            g = _group(v)
-            s["ratio"][g] = max(s["ratio"][g], v.ratio)
-            k, f = needed_k(v), needed_floor(v)
-            s["k"][g], s["floor"][g] = max(s["k"][g], k), max(s["floor"][g], f)
+            g = groups.setdefault(_group(v), [0.0, 0.0, 0.0])
+            k = needed_k(v)
+            g[0], g[1], g[2] = max(g[0], v.ratio), max(g[1], k), max(g[2], needed_floor(v))
             worst_k = max(worst_k, k)
-    s["k_to_pass"].append(worst_k)
+    return {"candidate": cand.name, "kind": cand.kind, "seed": seed, "passed": bool(card.passed),
+            "failed": list(card.failed), "error": card.error, "seconds": round(seconds, 3),
+            "groups": dict(sorted(groups.items())), "worst_k": worst_k}
+
+
+def summarize(cands: Sequence[Candidate], trials: Sequence[dict], seeds: int, first_seed: int,
+              level: str = "full") -> dict:
+    """The power summary of ``trials`` (``trial_record``s, in any order): the same however and wherever
+    they were graded, but for ``seconds_per_trial``."""
+    stats = {c.name: {"trials": 0, "rejected": 0, "rejected_by": Counter(), "by_intended": 0,
+                      "seconds": 0.0, "errors": Counter(), "ratio": defaultdict(float), "k": defaultdict(float),
+                      "floor": defaultdict(float), "k_to_pass": []} for c in cands}
+    by_name = {c.name: c for c in cands}
+    for record in sorted(trials, key=lambda r: (r["seed"], r["candidate"])):
+        _tally(stats[record["candidate"]], by_name[record["candidate"]], record)
+    return _summary(list(cands), stats, seeds, first_seed, level)
+
+
+def _tally(s: dict, cand: Candidate, record: dict) -> None:
+    s["trials"] += 1
+    s["seconds"] += record["seconds"]
+    if record["error"]:
+        s["errors"][record["error"]] += 1
+    if not record["passed"]:
+        s["rejected"] += 1
+        s["rejected_by"].update(record["failed"])
+        if set(record["failed"]) & set(cand.catches):
+            s["by_intended"] += 1
+    for g, (ratio, k, floor) in record["groups"].items():
+        s["ratio"][g] = max(s["ratio"][g], ratio)
+        s["k"][g], s["floor"][g] = max(s["k"][g], k), max(s["floor"][g], floor)
+    s["k_to_pass"].append(record["worst_k"])
 
 
 def _num(x: float) -> float | None:

@@ -71,8 +71,8 @@ grader-power record in ``data/``: ``tpu-kernel-rubric --power --seeds 2`` over e
 full level, seeds 0 and 1): needed k forward / gradient, largest of both seeds: reference 1 / 1,
 rounded-probs 2.1 / 2.57, online-softmax 1 / 2.57, flash-style 1.49 / 2.47, per-head-dkv 1.49 / 2.47;
 0 of 10 correct trials rejected, 52 of 52 known-bad trials rejected. Two seeds are not a calibration:
-``python scripts/calibrate.py --seeds 200`` (calibration seeds 0..199, held-out 1000..1199, resumable;
-``--report`` prints this table) is still owed: at 1-2.5 minutes per candidate and seed on a loaded
+``tpu-kernel-records calibrate --seeds 200`` (calibration seeds 0..199, held-out 1000..1199, a resumable
+Dask sweep that prints this table) is still owed: at 1-2.5 minutes per candidate and seed on a loaded
 2-core CPU (that sweep's ``seconds_per_trial``: 74-148 s), 400 seeds of five candidates are days here.
 Without the
 logit-scaled floor, flash-style's dV at the needle keys needed k ~ 80 (its P recomputed from the saved

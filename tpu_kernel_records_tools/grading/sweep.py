@@ -1,0 +1,170 @@
+"""Grader sweeps as tasks: one task per (candidate, seed) scorecard, on a Dask cluster or in this process.
+
+A sweep (``tpu-kernel-records power`` or ``calibrate``) is a list of trials, each one candidate graded on
+one seed, in its own sandboxed worker process as any scorecard is. :func:`run` grades them
+
+* in this process (``workers=0``), through ``power.measure_power``;
+* on a ``LocalCluster`` of ``workers`` single-threaded Dask worker processes (default: one per core);
+* on an existing cluster (``scheduler="tcp://host:8786"``: ``dask scheduler`` plus ``dask worker``
+  processes on machines that have this project installed).
+
+Every finished trial is appended to a JSON Lines file at once (``out``); ``resume=True`` reads it back
+and grades only what is missing, so a killed sweep goes on where it stopped. A task that fails (its Dask
+worker lost, an exception in the grader) is tried once more, then reported in ``Sweep.failed``, never
+dropped. The trial records do not depend on where they were graded, so the summary and the Markdown
+report are the same serially, on a local or on a remote cluster (``seconds_per_trial`` aside).
+
+Work that does not depend on the candidate (each seed's problems, float64 truth and baselines) is kept
+by ``grading.checks`` in the process that grades, per seed: each seed's tasks are sent to one Dask worker
+(allowed elsewhere only if it is lost), so a seed's truth is computed once, not once per candidate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from tqdm.auto import tqdm
+
+from ..grading import power
+from ..grading.candidates import resolve
+from ..grading.rubric import grade_seeds
+
+FORMAT = 1
+RETRIES = 1  # a failed task is tried this many more times before it is reported
+
+
+@dataclass
+class Sweep:
+    """Trial records (``power.trial_record``) in task order, and the tasks that failed twice."""
+
+    trials: list[dict] = field(default_factory=list)
+    failed: list[dict] = field(default_factory=list)
+
+
+def grade_task(candidate: str, seed: int, level: str, time_limit_s: float | None) -> dict:
+    """One trial, where a Dask worker runs it: ``candidate`` graded on ``seed`` in a sandboxed worker."""
+    cand = resolve(candidate)
+    limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
+    start = time.perf_counter()
+    (card,) = grade_seeds(cand, [seed], level=level, **limit)
+    return power.trial_record(cand, seed, card, time.perf_counter() - start)
+
+
+def _read(out: Path, settings: dict) -> dict[tuple[str, int], dict]:
+    """Finished trials of an earlier run of the same sweep (``settings`` must match its header)."""
+    done = {}
+    with open(out) as f:
+        lines = [json.loads(line) for line in f if line.strip()]
+    if not lines or lines[0].get("sweep") != settings:
+        raise ValueError(f"{out} holds another sweep (its first line must be {json.dumps({'sweep': settings})}); "
+                         f"choose another --out or drop --resume")
+    for line in lines[1:]:
+        if "trial" in line:
+            record = line["trial"]
+            done[(record["candidate"], record["seed"])] = record
+    return done
+
+
+class _Log:
+    """The JSON Lines file: a header naming the sweep, then one line per finished or failed trial."""
+
+    def __init__(self, out: Path | None, settings: dict, resume: bool):
+        self.path = out
+        if out is None:
+            return
+        if out.exists() and not resume:
+            raise FileExistsError(f"{out} exists: pass --resume to go on with it, or choose another --out")
+        if not out.exists():
+            out.parent.mkdir(parents=True, exist_ok=True)
+            self.write({"sweep": settings})
+
+    def write(self, line: dict) -> None:
+        if self.path is not None:
+            with open(self.path, "a") as f:  # one write per line, flushed before the next task is awaited
+                f.write(json.dumps(line) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+
+
+def run(tasks: Sequence[tuple[str, int]], *, level: str, time_limit_s: float | None = None,
+        out: Path | None = None, resume: bool = False, workers: int | None = None, scheduler: str | None = None,
+        progress: bool = True, sweep: str = "power") -> Sweep:
+    """Grade every ``(candidate, seed)`` of ``tasks`` (see the module docstring for where)."""
+    settings = {"format": FORMAT, "kind": sweep, "level": level, "tasks": len(tasks)}
+    done = _read(out, settings) if (out is not None and resume and out.exists()) else {}
+    log = _Log(out, settings, resume)
+    todo = [t for t in tasks if t not in done]
+    result = Sweep()
+    if todo and workers == 0 and scheduler is None:
+        _serial(todo, done, level, time_limit_s, log, progress)
+    elif todo:
+        result.failed = _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler)
+    result.trials = [done[t] for t in tasks if t in done]
+    return result
+
+
+def _serial(todo, done, level, time_limit_s, log, progress) -> None:
+    def keep(record: dict) -> None:
+        done[(record["candidate"], record["seed"])] = record
+        log.write({"trial": record})
+
+    power.grade_trials(todo, level=level, time_limit_s=time_limit_s, progress=progress, on_trial=keep)
+
+
+def _client(workers: int | None, scheduler: str | None):
+    from dask.distributed import Client, LocalCluster
+
+    if scheduler is not None:
+        return Client(scheduler), None
+    cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
+                           dashboard_address=None)
+    return Client(cluster), cluster
+
+
+def _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler) -> list[dict]:
+    from dask.distributed import as_completed
+
+    client, cluster = _client(workers, scheduler)
+    failed = []
+    try:
+        addresses = sorted(client.scheduler_info()["workers"])
+        seeds = sorted({seed for _, seed in todo})
+        home = {seed: addresses[i % len(addresses)] for i, seed in enumerate(seeds)}
+
+        def submit(task):
+            name, seed = task
+            return client.submit(grade_task, name, seed, level, time_limit_s, key=f"trial-{name}-{seed}-{time.time_ns()}",
+                                 workers=[home[seed]], allow_other_workers=True)
+
+        futures = {submit(t): (t, 0) for t in todo}
+        bar = tqdm(total=len(todo) + len(done), initial=len(done), desc="sweep", unit="grade", disable=not progress)
+        pending = as_completed(list(futures))
+        for future in pending:
+            task, tries = futures.pop(future)
+            try:
+                record = future.result()
+            except Exception as error:  # a lost worker, or the grader itself failed
+                if tries < RETRIES:
+                    again = submit(task)
+                    futures[again] = (task, tries + 1)
+                    pending.add(again)
+                    continue
+                line = {"candidate": task[0], "seed": task[1], "error": f"{type(error).__name__}: {error}"}
+                failed.append(line)
+                log.write({"failed": line})
+                bar.update(1)
+                continue
+            done[task] = record
+            log.write({"trial": record})
+            bar.update(1)
+        bar.close()
+    finally:
+        client.close()
+        if cluster is not None:
+            cluster.close()
+    return failed
