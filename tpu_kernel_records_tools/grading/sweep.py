@@ -26,7 +26,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
@@ -93,40 +93,51 @@ class _Log:
 
 def run(tasks: Sequence[tuple[str, int]], *, level: str, time_limit_s: float | None = None,
         out: Path | None = None, resume: bool = False, workers: int | None = None, scheduler: str | None = None,
-        progress: bool = True, sweep: str = "power") -> Sweep:
-    """Grade every ``(candidate, seed)`` of ``tasks`` (see the module docstring for where)."""
+        progress: bool = True, sweep: str = "power", task: Callable[..., dict] = grade_task) -> Sweep:
+    """Grade every ``(candidate, seed)`` of ``tasks`` (see the module docstring for where).
+
+    ``task(candidate, seed, level, time_limit_s) -> trial record`` is what each task runs (a module-level
+    function, so Dask workers can import it); the default grades a scorecard."""
     settings = {"format": FORMAT, "kind": sweep, "level": level, "tasks": len(tasks)}
     done = _read(out, settings) if (out is not None and resume and out.exists()) else {}
     log = _Log(out, settings, resume)
     todo = [t for t in tasks if t not in done]
     result = Sweep()
     if todo and workers == 0 and scheduler is None:
-        _serial(todo, done, level, time_limit_s, log, progress)
+        _serial(todo, done, level, time_limit_s, log, progress, task)
     elif todo:
-        result.failed = _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler)
+        result.failed = _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler, task)
     result.trials = [done[t] for t in tasks if t in done]
     return result
 
 
-def _serial(todo, done, level, time_limit_s, log, progress) -> None:
+def _serial(todo, done, level, time_limit_s, log, progress, task) -> None:
     def keep(record: dict) -> None:
         done[(record["candidate"], record["seed"])] = record
         log.write({"trial": record})
 
-    power.grade_trials(todo, level=level, time_limit_s=time_limit_s, progress=progress, on_trial=keep)
+    if task is grade_task:  # a worker per candidate and block of seeds, not per trial
+        power.grade_trials(todo, level=level, time_limit_s=time_limit_s, progress=progress, on_trial=keep)
+        return
+    for name, seed in tqdm(todo, desc="sweep", unit="grade", disable=not progress):
+        keep(task(name, seed, level, time_limit_s))
 
 
 def _client(workers: int | None, scheduler: str | None):
+    import dask
     from dask.distributed import Client, LocalCluster
 
     if scheduler is not None:
         return Client(scheduler), None
+    # A task whose worker dies fails at once (Dask would otherwise re-run it up to 3 times); _on_dask
+    # then tries it once more itself, the same rule as for a task that raised.
+    dask.config.set({"distributed.scheduler.allowed-failures": 0})
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
                            dashboard_address=None)
     return Client(cluster), cluster
 
 
-def _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler) -> list[dict]:
+def _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler, task) -> list[dict]:
     from dask.distributed import as_completed
 
     client, cluster = _client(workers, scheduler)
@@ -136,30 +147,30 @@ def _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler)
         seeds = sorted({seed for _, seed in todo})
         home = {seed: addresses[i % len(addresses)] for i, seed in enumerate(seeds)}
 
-        def submit(task):
-            name, seed = task
-            return client.submit(grade_task, name, seed, level, time_limit_s, key=f"trial-{name}-{seed}-{time.time_ns()}",
+        def submit(trial):
+            name, seed = trial
+            return client.submit(task, name, seed, level, time_limit_s, key=f"trial-{name}-{seed}-{time.time_ns()}",
                                  workers=[home[seed]], allow_other_workers=True)
 
         futures = {submit(t): (t, 0) for t in todo}
         bar = tqdm(total=len(todo) + len(done), initial=len(done), desc="sweep", unit="grade", disable=not progress)
         pending = as_completed(list(futures))
         for future in pending:
-            task, tries = futures.pop(future)
+            trial, tries = futures.pop(future)
             try:
                 record = future.result()
             except Exception as error:  # a lost worker, or the grader itself failed
                 if tries < RETRIES:
-                    again = submit(task)
-                    futures[again] = (task, tries + 1)
+                    again = submit(trial)
+                    futures[again] = (trial, tries + 1)
                     pending.add(again)
                     continue
-                line = {"candidate": task[0], "seed": task[1], "error": f"{type(error).__name__}: {error}"}
+                line = {"candidate": trial[0], "seed": trial[1], "error": f"{type(error).__name__}: {error}"}
                 failed.append(line)
                 log.write({"failed": line})
                 bar.update(1)
                 continue
-            done[task] = record
+            done[trial] = record
             log.write({"trial": record})
             bar.update(1)
         bar.close()
