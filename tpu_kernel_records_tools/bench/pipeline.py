@@ -170,10 +170,16 @@ def pallas_calls(fn: Callable[..., Any], args: Sequence[Any],
 
 # --- one kernel ------------------------------------------------------------------------------
 
+def _array(mapping):
+    """The whole array of a block mapping (``array_aval``; ``array_shape_dtype`` in jax < 0.7)."""
+    return getattr(mapping, "array_aval", None) or mapping.array_shape_dtype
+
+
 def _block_bytes(mapping) -> int:
     from jax._src.pallas import core as pallas_core
-    rows = math.prod(pallas_core.get_block_size(d) for d in mapping.block_shape)
-    return rows * np.dtype(mapping.array_aval.dtype).itemsize
+    size = getattr(pallas_core, "get_block_size", None) or pallas_core._get_block_dim_size
+    rows = math.prod(size(d) for d in mapping.block_shape)
+    return rows * np.dtype(_array(mapping).dtype).itemsize
 
 
 def _index_map_indices(mapping, points: np.ndarray, prefetch: Sequence[np.ndarray]) -> np.ndarray:
@@ -221,8 +227,9 @@ def kernel_record(eqn, values: Sequence[Any]) -> dict[str, Any]:
     points = grid_points(grid)
     for k, bm in enumerate(mapping.block_mappings):
         space = str(getattr(bm.transformed_block_aval, "memory_space", None) or "")
-        array_bytes = math.prod(bm.array_aval.shape) * np.dtype(bm.array_aval.dtype).itemsize
-        entry = dict(array=f"{bm.array_aval.dtype}{list(bm.array_aval.shape)}",
+        array = _array(bm)
+        array_bytes = math.prod(array.shape) * np.dtype(array.dtype).itemsize
+        entry = dict(array=f"{array.dtype}{list(array.shape)}",
                      array_bytes=int(array_bytes))
         value = values[dynamic + mapping.num_index_operands + k] if k < mapping.num_inputs else None
         if "any" in space.lower():
