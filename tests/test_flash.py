@@ -181,21 +181,43 @@ def test_whole_tiles_are_exactly_the_tiles_no_mask_cuts():
 
 
 @pytest.mark.parametrize("layout", ["heads", "rows"])
-def test_tpu_tiles_fit_the_vmem_budget_and_grow_with_room(layout):
+@pytest.mark.parametrize("budget", [flash_plan.VMEM_BUDGET, flash_plan.LARGE_VMEM_BUDGET])
+def test_tpu_tiles_fit_the_vmem_budget_and_grow_with_room(layout, budget):
     """The plan's Mosaic tiles: within the budget per phase, lane-aligned, all heads per step
     for 4/2 heads, a multiple of 8 kv heads for 32/8, and smaller tiles when heads crowd VMEM."""
-    small, heads = flash_plan.tpu_tiles(2048, 2048, 4, 2, 128, 2, layout=layout)
+    small, heads = flash_plan.tpu_tiles(2048, 2048, 4, 2, 128, 2, budget, layout=layout)
     assert heads == 2
-    big, big_heads = flash_plan.tpu_tiles(16384, 16384, 32, 8, 128, 2, layout=layout)
+    big, big_heads = flash_plan.tpu_tiles(16384, 16384, 32, 8, 128, 2, budget, layout=layout)
     assert big_heads == 8
     for blocks, h, group in ((small, heads, 2), (big, big_heads, 4)):
         for phase, (bq, bk) in zip(("fwd", "dq", "dkv"), (
                 (blocks.block_q, blocks.block_k), (blocks.block_q_dq, blocks.block_k_dq),
                 (blocks.block_q_dkv, blocks.block_k_dkv))):
             assert bq % 128 == 0 and bk % 128 == 0
-            assert (flash_plan.vmem_estimate(phase, bq, bk, h, group, 128, 2, layout)
-                    <= flash_plan.VMEM_BUDGET)
+            assert flash_plan.vmem_estimate(phase, bq, bk, h, group, 128, 2, layout) <= budget
     assert small.block_q * small.block_k > big.block_q * big.block_k
+
+
+def test_tpu_tiles_take_the_longest_outer_blocks_that_fit():
+    """K/V tiles are fetched once per query block that needs them (Q/dO once per key block in
+    dK/dV), so the plan takes the longest outer block that fits, then the largest tile: with twice
+    the room (a chip with 128 MiB of VMEM) the outer blocks of 32/8 heads at seq 2048 double."""
+    small, _ = flash_plan.tpu_tiles(2048, 2048, 32, 8, 128, 2, flash_plan.VMEM_BUDGET)
+    large, _ = flash_plan.tpu_tiles(2048, 2048, 32, 8, 128, 2, flash_plan.LARGE_VMEM_BUDGET)
+    assert (small.block_q, small.block_q_dq, small.block_k_dkv) == (256, 128, 256)
+    assert (large.block_q, large.block_q_dq, large.block_k_dkv) == (512, 256, 1024)
+    # a longer outer block that fits beats a larger tile with a shorter one: forward 512 x 256
+    # (47 MiB estimated) over 256 x 1024 (40.5 MiB), whose tile is twice as large
+    assert (large.block_q, large.block_k) == (512, 256)
+    assert flash_plan.vmem_estimate("fwd", 256, 1024, 8, 4, 128, 2) <= flash_plan.LARGE_VMEM_BUDGET
+
+
+def test_without_a_tpu_the_kernels_plan_for_the_v5e_a_deviceless_compile_targets():
+    assert jax.default_backend() != "tpu"
+    assert flash_plan.vmem_limits() == (flash_plan.LARGE_VMEM_LIMIT, flash_plan.LARGE_VMEM_BUDGET)
+    assert flash_plan.LARGE_VMEM_BUDGET < flash_plan.LARGE_VMEM_LIMIT <= 128 * 2 ** 20 // 2
+    assert flash_plan.tpu_tiles(2048, 2048, 32, 8, 128, 2) == flash_plan.tpu_tiles(
+        2048, 2048, 32, 8, 128, 2, flash_plan.LARGE_VMEM_BUDGET)
     short, _ = flash_plan.tpu_tiles(200, 300, 4, 2, 64, 4, layout="heads")
     assert (short.block_q, short.block_k) == (256, 384)  # shrunk to the 128-rounded sequences
 

@@ -218,6 +218,20 @@ def test_plan_row_counts_the_kernels_least_work_and_labels_it_a_prediction(mode)
     assert f"| flash | 128 | 8 | 4 / 2 | {mode} |" in text
 
 
+def test_model_shape_flash_fits_the_vmem_it_asks_for_and_beats_splash():
+    """32 query / 8 kv heads at seq 2048 (the profile's model shape), forward + backward: the
+    plan's long outer blocks compile for v5e, every kernel within the scoped VMEM it asks for,
+    and the pipeline model puts its traffic at most 0.6x splash attention's at 512 tiles
+    (issue 27's bar; the compiler's plan and a model, not a measurement)."""
+    from tpu_kernel_records_tools.bench import plan
+    from kernel_src.flash.plan import vmem_limits
+
+    [shape] = [s for s in plan.plan_shapes("tpu-v5e", [2048], ["fwd+bwd"]) if s.num_q_heads == 32]
+    row = plan.plan_row("tpu-v5e", shape)
+    assert row["flash_kernels"] == 3 and 0 < row["flash_vmem_bytes"] <= vmem_limits()[0], row
+    assert row["flash_traffic_bytes"] <= 0.6 * row["peers"]["splash-512"]["traffic_bytes"], row
+
+
 def test_plan_command_refuses_in_one_line_without_libtpu(monkeypatch, tmp_path, capsys):
     from tpu_kernel_records_tools.cli.main import main
 

@@ -163,10 +163,27 @@ def fit_blocks(blocks: FlashBlockSizes, q_len: int, kv_len: int, variant: str,
 
 
 # --------------------------------------------------------------------------------------------
-# Mosaic tiles chosen by the plan: the largest that fit VMEM, double-buffered, per phase.
+# Mosaic tiles chosen by the plan: per phase the fitting tiles that re-read least, double-buffered.
 
-VMEM_LIMIT = 32 * 2 ** 20  # bytes of scoped VMEM the Mosaic kernels ask for (v5e has 128 MiB)
+VMEM_LIMIT = 32 * 2 ** 20  # bytes of scoped VMEM the Mosaic kernels ask for on most TPUs
 VMEM_BUDGET = 24 * 2 ** 20  # what the estimate may use of it: room for Mosaic's own temporaries
+# Chips with 128 MiB of VMEM per core (v5e, v6e): twice the room, so query (dK/dV: key) tiles
+# twice as long, and K/V (Q/dO) re-read about half as often.
+LARGE_VMEM_LIMIT = 64 * 2 ** 20
+LARGE_VMEM_BUDGET = 48 * 2 ** 20
+LARGE_VMEM_KINDS = ("TPU v5 lite", "TPU v5e", "TPU v6 lite", "TPU v6e")
+
+
+def vmem_limits() -> tuple[int, int]:
+    """``(limit, budget)``: the scoped VMEM compiled Mosaic kernels ask for and what the tiles'
+    ``vmem_estimate`` may use of it. ``LARGE_*`` where the chip has 128 MiB of VMEM: the default
+    backend's TPU when there is one (its ``device_kind``), and when there is none, the TPU v5e
+    that a deviceless compile targets (``jax.experimental.topologies``, the static plan)."""
+    if backend.platform() == "tpu":
+        kind = str(jax.devices()[0].device_kind)
+        if not any(kind.startswith(k) for k in LARGE_VMEM_KINDS):
+            return VMEM_LIMIT, VMEM_BUDGET
+    return LARGE_VMEM_LIMIT, LARGE_VMEM_BUDGET
 TILE_CHOICES = (1024, 512, 256, 128)
 _SUBLANES = 8  # a [1, rows] statistic row takes 8 sublanes of VMEM
 
@@ -210,15 +227,18 @@ def _head_blocks(num_kv_heads: int, group: int) -> list[int]:
 
 
 def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
-              itemsize: int, budget: int = VMEM_BUDGET,
+              itemsize: int, budget: int | None = None,
               layout: Layout | None = None) -> tuple[FlashBlockSizes, int]:
-    """``(blocks, kv heads per step)`` for compiled Mosaic: per phase the largest tiles (most
-    ``block_q * block_k``, then the larger outer block: the one each K/V (forward, dQ) or Q
-    (dK/dV) refetch is counted against) whose ``vmem_estimate`` fits ``budget``,
-    for the head block that allows the largest tiles (more heads on a tie; all heads in the
-    "rows" layout, whose block rows interleave them). Tiles are shrunk to the (128-rounded)
-    sequence first; 128 x 128 is the floor. ``layout``: ``mosaic_layout``'s when ``None``."""
+    """``(blocks, kv heads per step)`` for compiled Mosaic: per phase the tiles whose
+    ``vmem_estimate`` fits ``budget`` (``vmem_limits()``'s when ``None``) with the longest outer
+    block (the query block of the forward and dQ, the key block of dK/dV: each K/V (resp. Q, dO)
+    tile is fetched again for every outer block that needs it, so HBM traffic falls as it grows),
+    then the most ``block_q * block_k``; for the head block that allows the longest outer blocks,
+    then the largest tiles (more heads on a tie; all heads in the "rows" layout, whose block rows
+    interleave them). Tiles are shrunk to the (128-rounded) sequence first; 128 x 128 is the
+    floor. ``layout``: ``mosaic_layout``'s when ``None``."""
     group = num_q_heads // num_kv_heads
+    budget = vmem_limits()[1] if budget is None else budget
     layout = layout or mosaic_layout(num_q_heads, num_kv_heads, head_dim)
     q_cap, kv_cap = round_up(max(q_len, 1), LANES), round_up(max(kv_len, 1), LANES)
     best = None
@@ -228,12 +248,13 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
         for phase in ("fwd", "dq", "dkv"):
             outer = 1 if phase == "dkv" else 0
             pairs = sorted({(min(bq, q_cap), min(bk, kv_cap)) for bq in TILE_CHOICES
-                            for bk in TILE_CHOICES}, key=lambda t: (t[0] * t[1], t[outer]),
+                            for bk in TILE_CHOICES}, key=lambda t: (t[outer], t[0] * t[1]),
                            reverse=True)
             fits = [t for t in pairs if vmem_estimate(phase, *t, heads, group, head_dim,
                                                       itemsize, layout) <= budget]
             chosen.append(fits[0] if fits else pairs[-1])
-        score = min(bq * bk for bq, bk in chosen)
+        outers = [chosen[0][0], chosen[1][0], chosen[2][1]]
+        score = (min(outers), sum(outers), min(bq * bk for bq, bk in chosen))
         if best is None or score > best[0]:
             best = (score, chosen, heads)
     _, ((bq, bk), (bq_dq, bk_dq), (bq_dkv, bk_dkv)), heads = best

@@ -35,10 +35,10 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernel_src import backend
 from kernel_src.flash.heads import WORD, Heads, needs_words
-from kernel_src.flash.plan import (F32, LANES, TRANS_B, VMEM_LIMIT, Plan, finish,
+from kernel_src.flash.plan import (F32, LANES, TRANS_B, Plan, finish,
                                    first_query_block, key_in_range, num_key_blocks,
                                    online_softmax_step, score_grads, scores, visible_tile,
-                                   whole_tile)
+                                   vmem_limits, whole_tile)
 
 def _lanes(x: jax.Array, width: int) -> jax.Array:
     """Lane-replicated row statistics ``[rows, 128]`` as ``[rows, width]``."""
@@ -276,7 +276,7 @@ def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, sem
                                 *(pltpu.VMEM(shape, WORD) for shape in words)]),
             out_shape=out_shape,
             compiler_params=pltpu.CompilerParams(dimension_semantics=semantics,
-                                                 vmem_limit_bytes=VMEM_LIMIT),
+                                                 vmem_limit_bytes=vmem_limits()[0]),
             cost_estimate=_least_cost(plan, matmuls, _head_dim(arrays[0], plan), (lengths, *arrays),
                                       out_shape),
             interpret=plan.interpret,
