@@ -1,6 +1,7 @@
 """The grading sandbox holds: hostile candidates (tests/hostile/) each get a failing scorecard that
 names what they did, and a correct candidate graded in the same run after them gets exactly the
-scorecard it gets alone. Graded at the quick level to keep the cost down (each worker starts JAX)."""
+scorecard it gets alone. This file tests process isolation (the opt-out, and what built-ins
+get by default); tests/test_bubblewrap.py the bubblewrap sandbox. Graded at the quick level to keep the cost down (each worker starts JAX)."""
 
 from __future__ import annotations
 
@@ -103,7 +104,7 @@ HOSTILES = {
 
 @pytest.fixture(scope="module")
 def reference_alone():
-    return grade("reference", level="quick", time_limit_s=600)
+    return grade("reference", level="quick", time_limit_s=600, isolation="process")
 
 
 @pytest.fixture(scope="module")
@@ -114,7 +115,7 @@ def cli_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cli") / "cards.json"
     specs = [_spec(s) for s in HOSTILES.values()] + ["zeros", "reference"]
     argv = [sys.executable, "-m", "tpu_kernel_records_tools.cli.rubric", "--quick", "--quiet", "--timeout", "600",
-            "--memory-limit", "4", "--json", str(out)] + [a for spec in specs for a in ("--candidate", spec)]
+            "--memory-limit", "4", "--isolation", "process", "--json", str(out)] + [a for spec in specs for a in ("--candidate", spec)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, HF_TOKEN=MARKER),
                           cwd=Path(__file__).parent.parent, timeout=1200)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -206,7 +207,7 @@ def test_a_memory_hog_fails_at_the_limit(cli_run):
 
 def test_a_hang_is_killed_at_the_time_limit():
     start = time.monotonic()
-    card = grade(_spec("hangs.py:sleeps"), level="quick", time_limit_s=2)
+    card = grade(_spec("hangs.py:sleeps"), level="quick", time_limit_s=2, isolation="process")
     assert time.monotonic() - start < 60
     assert not card.passed and card.score == 0
     assert "time limit (2 s)" in card.checks[0].detail and "killed" in card.checks[0].detail
@@ -217,9 +218,9 @@ def test_a_hang_is_killed_at_the_time_limit():
 def test_an_unloadable_candidate_is_a_failing_scorecard(tmp_path):
     bad = tmp_path / "broken.py"
     bad.write_text("import os\nos._exit(3)\n")
-    card = grade(f"{bad}:attention", level="quick", time_limit_s=60)
+    card = grade(f"{bad}:attention", level="quick", time_limit_s=60, isolation="process")
     assert card.error and "exited with status 3" in card.error and not card.passed
-    missing = grade(f"{tmp_path / 'absent.py'}:attention", level="quick")
+    missing = grade(f"{tmp_path / 'absent.py'}:attention", level="quick", isolation="process")
     assert missing.error and "does not exist" in missing.error
     _no_workers_left()
 
@@ -233,8 +234,10 @@ def test_a_programmatic_candidate_runs_in_a_worker_by_reference():
     one that cannot be (a lambda) is a failing scorecard that says how to give it."""
     from tpu_kernel_records_tools.grading.candidates import Candidate
 
-    card = grade(Candidate("prog", "external", "test", lambda: _raises_here), level="quick", time_limit_s=120)
+    card = grade(Candidate("prog", "external", "test", lambda: _raises_here), level="quick", time_limit_s=120,
+                 isolation="process")
     assert "raised RuntimeError: programmatic candidate ran in the worker" in card.checks[0].detail
-    lam = grade(Candidate("lam", "external", "test", lambda: (lambda q, k, v, **kw: q)), level="quick")
+    lam = grade(Candidate("lam", "external", "test", lambda: (lambda q, k, v, **kw: q)), level="quick",
+                isolation="process")
     assert lam.error and "file.py:function" in lam.error and not lam.passed
     _no_workers_left()

@@ -3,7 +3,9 @@
 Every candidate runs in its own worker process (``grading.sandbox``): allow-listed environment (no
 tokens or credentials), its own empty temporary folder as working directory and home, closed stdin,
 a wall-clock limit (``--timeout``) and an address-space limit (``--memory-limit``); the worker and
-every process it started are killed before the next candidate is graded.
+every process it started are killed before the next candidate is graded. A file or module candidate's
+worker runs under bubblewrap (``grading.isolation``); where bubblewrap cannot run, grading one is
+refused (exit status 2) unless ``--isolation process`` is given. Each scorecard names its isolation.
 
 Exit status: 0 when every named candidate passed every check (``--power``: no correct candidate
 rejected and every known-bad one rejected on every seed), 1 when one did not (a candidate that could
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..grading.candidates import BUILTIN, CandidateSpecError, resolve
+from ..grading.isolation import CHOICES, IsolationUnavailable, choose
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
 
@@ -54,6 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-limit", type=_non_negative, default=DEFAULT_MEMORY_LIMIT_GB, metavar="GB",
                    help=f"address-space limit of each candidate's worker in GiB, 0 for none "
                         f"(default {DEFAULT_MEMORY_LIMIT_GB:g}; JAX on CPU needs about 2 to start)")
+    p.add_argument("--isolation", choices=CHOICES, default="auto",
+                   help="where each candidate's worker runs: bubblewrap (namespaces, read-only file system, no "
+                        "network, an unprivileged uid), process (a plain child process: the opt-out, for code you "
+                        "trust), or auto (default: bubblewrap for a file or module candidate, refusing where "
+                        "bubblewrap cannot run; process for a built-in)")
     p.add_argument("--json", type=Path, metavar="PATH",
                    help='write {"scorecards": [...]} (with --power: {"power": {...}}) atomically')
     p.add_argument("--list", action="store_true", help="list the built-in candidates and exit")
@@ -121,7 +129,8 @@ def write_atomic(path: Path, text: str) -> None:
 def format_scorecard(card) -> str:
     """A readable scorecard: a header line, then one line per check (check, PASS/FAIL, points, detail)."""
     status = "PASSED" if card.passed else "FAILED"
-    lines = [f"{card.candidate} [{card.kind}] {status} {card.score:g}/{card.max_score:g}"]
+    lines = [f"{card.candidate} [{card.kind}] {status} {card.score:g}/{card.max_score:g} "
+             f"(isolation: {card.isolation})"]
     if card.error:
         lines.append(f"  could not be graded: {card.error}")
     width = max((len(c.name) for c in card.checks), default=0)
@@ -218,9 +227,19 @@ def _grade(args) -> int:
 
     from ..grading.rubric import grade_all
 
+    try:
+        where = {c.name: choose(args.isolation, c) for c in cands}
+    except IsolationUnavailable as e:
+        print(f"tpu-kernel-rubric: refusing to grade a file or module candidate outside the sandbox: {e}",
+              file=sys.stderr)
+        return EXIT_USAGE
+    strangers = [c.name for c in cands if where[c.name] == "process" and BUILTIN.get(c.name) is not c]
+    if strangers:
+        print(f"tpu-kernel-rubric: warning: grading {', '.join(strangers)} without bubblewrap (--isolation process): "
+              f"its code runs as this user, with this user's files and network", file=sys.stderr)
     level = "quick" if args.quick else "full"
     cards = grade_all(cands, seed=args.seed, level=level, progress=not args.quiet, time_limit_s=args.time_limit,
-                      memory_limit_gb=args.memory_limit)
+                      memory_limit_gb=args.memory_limit, isolation=args.isolation)
     for card in cards:
         print(format_scorecard(card))
         print()
@@ -232,7 +251,8 @@ def _grade(args) -> int:
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
     full = _parser()
-    grade_opts = {"--candidate", "--seed", "--quick", "--timeout", "--memory-limit", "--json", "--list", "--quiet"}
+    grade_opts = {"--candidate", "--seed", "--quick", "--timeout", "--memory-limit", "--isolation", "--json", "--list",
+                  "--quiet"}
     power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
                   "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume"}
     for name, opts, func, help_text in (

@@ -20,6 +20,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from ..grading import checks as C
+from ..grading import isolation as isolations
 from ..grading import tripwire
 from ..grading.candidates import Candidate, resolve
 from ..grading.runner import DEFAULT_TIME_LIMIT_S, Runner
@@ -68,6 +69,7 @@ class Scorecard:
     level: str = "full"  # which problem set graded it: "full" or "quick" (grading.problems)
     verdicts: dict = field(default_factory=dict, repr=False)  # check name -> tolerance verdicts (for power)
     tampered: bool = False  # the candidate changed files the grader runs (grading.tripwire): stop grading
+    isolation: str = "process"  # where its worker ran: "bubblewrap" or "process" (grading.isolation)
 
     @property
     def passed(self) -> bool:
@@ -89,7 +91,7 @@ class Scorecard:
         """The ``$defs/scorecard`` object of ``records/schemas/correctness.schema.json``."""
         return {"candidate": self.candidate, "kind": self.kind, "passed": self.passed, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "level": self.level,
-                "checks": [c.to_dict() for c in self.checks]}
+                "isolation": self.isolation, "checks": [c.to_dict() for c in self.checks]}
 
 
 def _all_failed(reason: str) -> list[CheckResult]:
@@ -97,7 +99,8 @@ def _all_failed(reason: str) -> list[CheckResult]:
 
 
 def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
-          time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> Scorecard:
+          time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB,
+          isolation: str = "auto") -> Scorecard:
     """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate)
     in a worker process of its own, killed (with everything it started) before this returns.
 
@@ -105,15 +108,17 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     for fast tests). ``time_limit_s``: seconds of waiting on the candidate per scorecard, all calls together (loading
     included, the worker's interpreter and JAX start not); once it runs out, the worker is killed and
     the remaining checks fail as "not run". ``memory_limit_gb``: the worker's address-space limit
-    (0: none). Raises ``CandidateSpecError`` only for a malformed spec.
+    (0: none). ``isolation``: "auto" (bubblewrap for anything but a built-in), "bubblewrap" or "process"
+    (``grading.isolation``). Raises ``CandidateSpecError`` for a malformed spec and
+    ``IsolationUnavailable`` when bubblewrap is needed and cannot run here.
     """
     return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s,
-                       memory_limit_gb=memory_limit_gb)[0]
+                       memory_limit_gb=memory_limit_gb, isolation=isolation)[0]
 
 
 def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str = "full",
                 time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> list[Scorecard]:
+                memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "auto") -> list[Scorecard]:
     """``grade`` on each of ``seeds`` with one worker (JAX starts, and compiles, once for them all).
 
     A worker that died or ran out of time is replaced by a fresh one for the next seed, so each
@@ -121,8 +126,9 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     this returns.
     """
     cand = resolve(candidate)
+    where = isolations.choose(isolation, cand)
     before = tripwire.snapshot()
-    runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb)
+    runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb, isolation=where)
     cards = []
     try:
         for seed in seeds:
@@ -130,9 +136,10 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
             error = None if runner.alive else runner.start()
             if error is not None:
                 cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed,
-                                       level=level))
+                                       level=level, isolation=where))
                 continue
             cards.append(_run_checks(runner, cand, seed, level))
+            cards[-1].isolation = where
     finally:
         runner.close()
     found = tripwire.changes(before, tripwire.snapshot())
@@ -182,7 +189,7 @@ def _finite(runner: C.Runner) -> CheckResult:
 
 def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: str = "full", progress: bool = True,
               time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-              memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> list[Scorecard]:
+              memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "auto") -> list[Scorecard]:
     """``grade`` each candidate in turn, each in its own worker (tqdm progress bar when ``progress``).
 
     When this returns, no process any candidate started is alive. A candidate that changed files the
@@ -195,7 +202,8 @@ def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: st
         if tampered_by is not None:
             cards.append(_not_graded(cand, f"not graded: {tampered_by}", seed, level))
             continue
-        cards.append(grade(cand, seed=seed, level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb))
+        cards.append(grade(cand, seed=seed, level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb,
+                           isolation=isolation))
         if cards[-1].tampered:
             tampered_by = f"an earlier candidate ({cards[-1].candidate}) changed files the grader runs"
     return cards

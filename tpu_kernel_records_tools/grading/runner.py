@@ -20,6 +20,7 @@ import time
 import numpy as np
 
 from ..grading.candidates import Candidate, CandidateLoadError, resolve
+from ..grading.isolation import inside_path
 from ..grading.problems import Problem
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB, STARTUP_LIMIT_S, Expired, Sandbox, WorkerGone, load_request
 from ..grading.worker import ProtocolError
@@ -51,8 +52,9 @@ class Runner:
     """
 
     def __init__(self, candidate: str | Candidate, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                 memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB):
+                 memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "process"):
         self.candidate = resolve(candidate)
+        self.isolation = isolation  # "bubblewrap" or "process" (grading.isolation)
         self.time_limit_s, self.memory_limit_gb = float(time_limit_s), memory_limit_gb
         self.sandbox: Sandbox | None = None
         self.down: str | None = None  # why the worker is gone, once it is
@@ -72,9 +74,15 @@ class Runner:
         """Launch the worker and load the candidate; the reason it cannot be graded, or None."""
         self.close()
         begin = time.monotonic()
-        self.down, self.sandbox = None, Sandbox(memory_limit_gb=self.memory_limit_gb)
+        self.down = None
         try:
             load = load_request(self.candidate)
+            target = load.get("spec", "").rpartition(":")[0]
+            candidate_file = target if target.endswith(".py") or "/" in target else None
+            if candidate_file and self.isolation == "bubblewrap":
+                load = dict(load, spec=f"{inside_path(candidate_file)}:{load['spec'].rpartition(':')[2]}")
+            self.sandbox = Sandbox(memory_limit_gb=self.memory_limit_gb, isolation=self.isolation,
+                                   candidate_file=candidate_file)
             self.sandbox.start()
             self.sandbox.wait_ready(STARTUP_LIMIT_S)
         except CandidateLoadError as e:

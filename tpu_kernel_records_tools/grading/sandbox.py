@@ -48,6 +48,8 @@ from typing import Callable
 import numpy as np
 import psutil
 
+from ..grading import isolation
+from ..grading.isolation import ISOLATIONS
 from ..grading.worker import HEADER_LIMIT, ProtocolError, decode_header, encode
 
 DEFAULT_MEMORY_LIMIT_GB = 16.0  # address space of a worker; JAX on CPU needs about 2 GB to start
@@ -103,6 +105,18 @@ def harden_grader() -> bool:
         return False
 
 
+def _package_parents() -> list[str]:
+    """The folders holding the packages a worker imports (an editable install's project root)."""
+    import importlib.util
+
+    out = []
+    for name in ("tpu_kernel_records_tools", "kernel_src"):
+        spec = importlib.util.find_spec(name)
+        for location in (spec.submodule_search_locations or []) if spec else []:
+            out.append(os.path.dirname(os.path.realpath(location)))
+    return out
+
+
 def _own_children() -> dict[int, float]:
     out = {}
     for child in psutil.Process().children():
@@ -132,8 +146,11 @@ class Sandbox:
     """One candidate's worker process. ``start()`` launches it; ``request()`` sends one frame and waits
     for the answer; ``close()`` kills it and everything it started. Usable as a context manager."""
 
-    def __init__(self, *, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB):
-        self.memory_limit_gb = memory_limit_gb
+    def __init__(self, *, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "process",
+                 candidate_file: str | None = None):
+        if isolation not in ISOLATIONS:
+            raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+        self.memory_limit_gb, self.isolation, self.candidate_file = memory_limit_gb, isolation, candidate_file
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None  # set once the worker is seen dead
         self.closed = False
@@ -155,16 +172,24 @@ class Sandbox:
         self._before = _own_children()
         _LIVE.add(self)
         log = open(os.path.join(self._dir, "worker.log"), "wb")
+        command = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, json.dumps(path), str(to_worker_r),
+                   str(from_worker_w), str(memory)]
+        argv, env, fds, cwd, close_after = command, worker_environment(home), (to_worker_r, from_worker_w), home, []
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-I", "-c", _BOOTSTRAP, json.dumps(path), str(to_worker_r), str(from_worker_w),
-                 str(memory)],
-                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, cwd=home,
-                env=worker_environment(home), pass_fds=(to_worker_r, from_worker_w), start_new_session=True)
+            if self.isolation == "bubblewrap":
+                os.chmod(self._dir, 0o711)
+                stage = os.path.join(self._dir, "stage")
+                os.mkdir(stage)
+                launch = isolation.build(command + [str(isolation.process_limit()), str(isolation.TMP_LIMIT_BYTES)],
+                                         env, stage_dir=stage, keep_fds=fds, candidate_file=self.candidate_file,
+                                         extra_dirs=_package_parents())
+                argv, env, fds, cwd, close_after = launch.argv, launch.env, launch.pass_fds, "/", launch.close_after
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                         cwd=cwd, env=env, pass_fds=fds, start_new_session=True)
         finally:
             log.close()
-            os.close(to_worker_r)
-            os.close(from_worker_w)
+            for fd in (to_worker_r, from_worker_w, *close_after):
+                os.close(fd)
         os.set_blocking(self._w, False)
 
     def wait_ready(self, timeout_s: float = STARTUP_LIMIT_S) -> None:

@@ -4,7 +4,8 @@
 environment, an empty temporary working directory and home, closed stdin, and two pipe file
 descriptors. The worker then
 
-1. lowers its own limits (address space ``RLIMIT_AS`` in bytes, no core dumps) before importing JAX,
+1. lowers its own limits, soft and hard (address space ``RLIMIT_AS``, no core dumps; under bubblewrap
+   also ``RLIMIT_NPROC`` and ``RLIMIT_FSIZE``) before importing JAX,
 2. answers ``hello`` once JAX is imported (the grader does not count that start against the candidate),
 3. loads the candidate by its spec (a built-in name through ``grading.candidates.resolve``,
    ``/abs/path.py:function`` or ``module:function``; or a function pickled by reference),
@@ -118,15 +119,20 @@ def _send(fd: int, header: dict, arrays=()) -> None:
             view = view[os.write(fd, view):]
 
 
-def _limit(memory_bytes: int) -> None:
+def _limit(memory_bytes: int, processes: int = 0, file_bytes: int = 0) -> None:
+    """Lower soft and hard limits together (the candidate cannot raise them back): no core dumps,
+    address space ``memory_bytes``, ``processes`` threads and processes of this uid (counted over the
+    sandbox's own user namespace under bubblewrap), files of at most ``file_bytes``; 0 leaves one as is."""
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    if memory_bytes > 0:
-        _, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if hard != resource.RLIM_INFINITY:
-            memory_bytes = min(memory_bytes, hard)
-        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, hard))
+    for limit, value in ((resource.RLIMIT_AS, memory_bytes), (resource.RLIMIT_NPROC, processes),
+                         (resource.RLIMIT_FSIZE, file_bytes)):
+        if value > 0:
+            _, hard = resource.getrlimit(limit)
+            if hard != resource.RLIM_INFINITY:
+                value = min(value, hard)
+            resource.setrlimit(limit, (value, value))
 
 
 def _first_line(e: BaseException) -> str:
@@ -207,10 +213,12 @@ class _Server:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``worker IN_FD OUT_FD MEMORY_BYTES``: serve requests until the grader closes the pipe."""
+    """``worker IN_FD OUT_FD MEMORY_BYTES [PROCESSES FILE_BYTES]``: serve requests until the grader
+    closes the pipe."""
     argv = sys.argv[1:] if argv is None else argv
     fd_in, fd_out, memory = int(argv[0]), int(argv[1]), int(argv[2])
-    _limit(memory)
+    processes, file_bytes = (int(argv[3]), int(argv[4])) if len(argv) >= 5 else (0, 0)
+    _limit(memory, processes, file_bytes)
     server = _Server()
     _send(fd_out, {"op": "hello", "pid": os.getpid()})
     while True:

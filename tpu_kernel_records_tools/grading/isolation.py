@@ -1,0 +1,226 @@
+"""Where a candidate's worker runs: inside bubblewrap (``bwrap``) or as a plain child process.
+
+``"bubblewrap"``: the worker runs in new user, PID, network, IPC, UTS (and cgroup) namespaces, as an
+unprivileged uid, with no capabilities, ``--new-session``, ``--die-with-parent``, further user
+namespaces disabled, and a file system that is read-only everywhere except a private tmpfs ``/tmp``
+of :data:`TMP_LIMIT_BYTES` (its working directory and home) and a ``/dev/shm`` of
+:data:`SHM_LIMIT_BYTES`. Only what the worker needs is bound in, read-only: ``/usr`` (and the
+``/lib*``, ``/bin`` links), the interpreter's prefixes, every directory on the grader's ``sys.path``
+(the project, site-packages) with any ``.git`` inside hidden, the candidate's file (copied in) and
+folder at ``/candidate``, and, unless ``JAX_PLATFORMS=cpu``, an accelerator's device nodes (``/dev/accel*``,
+``/dev/vfio``, ``/dev/nvidia*``; then ``/sys`` read-only too). ``/dev`` is bwrap's minimal one
+(null, zero, random, urandom, tty); of ``/sys``, the CPU topology. The network namespace's loopback reaches nothing outside.
+bwrap itself gets the worker's allow-listed environment (it is PID 1 of the sandbox, its
+``/proc/1/environ`` readable there), and ``--clearenv`` plus ``--setenv`` give the worker the same.
+
+The sandbox's uid is never the host's root: a root grader starts bwrap through :data:`_STAGER`, a
+small root helper that, in a private mount namespace, binds each source under a 0755 staging folder
+(so paths below 0700 folders such as ``/root`` are reachable), drops to :data:`SANDBOX_UID` and
+execs bwrap unprivileged. Inside, the worker's processes are the host's ``SANDBOX_UID`` in a user
+namespace of their own, so the kernel counts ``RLIMIT_NPROC`` (set by the worker) over the sandbox
+alone; a root-mapped sandbox would be exempt from it.
+
+``"process"``: the worker is an ordinary child of the grader (``grading.sandbox``'s own limits only).
+"""
+
+from __future__ import annotations
+
+import functools
+import glob
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+SANDBOX_UID = 65534            # the host uid a root grader's sandbox runs as ("nobody")
+TMP_LIMIT_BYTES = 512 << 20    # the worker's /tmp (its home and working directory)
+SHM_LIMIT_BYTES = 64 << 20     # /dev/shm
+ISOLATIONS = ("bubblewrap", "process")
+CHOICES = ("auto", *ISOLATIONS)
+INSTALL_HINT = ("install bubblewrap (Debian/Ubuntu: apt-get install bubblewrap; Fedora: dnf install bubblewrap) "
+                "on a kernel that allows user namespaces, or grade without it with --isolation process")
+CANDIDATE_DIR = "/candidate"  # a file candidate's folder and file, inside the sandbox
+ACCELERATOR_NODES = ("/dev/accel*", "/dev/vfio", "/dev/nvidia*")
+
+
+class IsolationUnavailable(Exception):
+    """Bubblewrap was asked for (or is required for a stranger's code) and cannot run here."""
+
+
+def process_limit() -> int:
+    """``RLIMIT_NPROC`` of a sandboxed worker: its threads and processes together (JAX starts a
+    thread pool per core)."""
+    return 256 + 8 * (os.cpu_count() or 1)
+
+
+# The root helper: private mount namespace, staged read-only sources, drop to SANDBOX_UID, exec bwrap.
+_STAGER = r"""
+import ctypes, json, os, sys
+plan = json.loads(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+def check(ok, what):
+    if not ok:
+        e = ctypes.get_errno(); sys.stderr.write(f"sandbox stager: {what}: {os.strerror(e)}\n"); os._exit(126)
+check(libc.unshare(0x00020000) == 0, "unshare(CLONE_NEWNS)")
+check(libc.mount(None, b"/", None, 0x4000 | 0x40000, None) == 0, "mount --make-rprivate /")
+for source, target in plan["stage"]:
+    check(libc.mount(source.encode(), target.encode(), None, 0x1000 | 0x4000, None) == 0, f"bind {source}")
+os.setgroups([]); os.setgid(plan["uid"]); os.setuid(plan["uid"])
+os.execv(plan["argv"][0], plan["argv"])
+"""
+
+
+def bwrap_path() -> str | None:
+    return shutil.which("bwrap")
+
+
+def accelerator_nodes(environ) -> list[str]:
+    """Device nodes of an accelerator the worker may need (none when JAX is told to use the CPU)."""
+    if environ.get("JAX_PLATFORMS", "").strip().lower() == "cpu":
+        return []
+    return sorted({p for pattern in ACCELERATOR_NODES for p in glob.glob(pattern)})
+
+
+def _bound_sources(extra_dirs=()) -> list[str]:
+    """Existing directories the worker reads: the interpreter's prefixes, ``sys.path``, ``extra_dirs``;
+    nested ones dropped (their parent is bound)."""
+    wanted = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable)), *(p or os.curdir for p in sys.path), *extra_dirs]
+    dirs = []
+    for p in wanted:
+        p = os.path.realpath(p)
+        if p.endswith((".zip", ".egg")) and os.path.isfile(p):
+            p = os.path.dirname(p)
+        if os.path.isdir(p) and p not in ("/", "/usr") and not p.startswith(("/usr/", "/proc", "/sys", "/dev")):
+            dirs.append(p)
+    dirs = sorted(set(dirs))
+    return [d for d in dirs if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in dirs)]
+
+
+def inside_path(candidate_file: str) -> str:
+    """Where a candidate's file is seen inside the sandbox (its host path may lie under /tmp)."""
+    return f"{CANDIDATE_DIR}/{os.path.basename(candidate_file)}"
+
+
+class Launch:
+    """How to start one sandboxed command: ``argv``, the ``env`` for Popen, ``pass_fds`` (and fds to
+    close once it started)."""
+
+    def __init__(self, argv: list[str], env: dict, pass_fds: tuple, close_after: list[int]):
+        self.argv, self.env, self.pass_fds, self.close_after = argv, env, pass_fds, close_after
+
+
+def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candidate_file: str | None = None,
+          extra_dirs=()) -> Launch:
+    """The launch of ``command`` inside bubblewrap with ``env`` (already allow-listed; HOME etc. are
+    replaced by /tmp), keeping ``keep_fds`` open, with ``candidate_file`` copied in at its own path and
+    its folder bound. ``stage_dir``: an empty folder of this sandbox (a root grader stages its
+    sources there)."""
+    bwrap = bwrap_path()
+    if bwrap is None:
+        raise IsolationUnavailable(f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
+    inner_env = dict(env)
+    for name in ("HOME", "TMPDIR", "TMP", "TEMP", "XDG_CACHE_HOME", "XDG_CONFIG_HOME", "XDG_DATA_HOME"):
+        inner_env[name] = "/tmp"
+    inner_env["PYTHONDONTWRITEBYTECODE"] = "1"
+    root = os.geteuid() == 0
+    folder = os.path.dirname(os.path.realpath(candidate_file)) if candidate_file else None
+    sources = _bound_sources(extra_dirs)
+    stage = []
+    argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
+            "--unshare-cgroup-try", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
+            "--die-with-parent", "--new-session", "--hostname", "sandbox",
+            "--ro-bind", "/usr", "/usr"]
+    for name in ("lib", "lib32", "lib64", "libx32", "bin", "sbin"):
+        path = f"/{name}"
+        if os.path.islink(path):
+            argv += ["--symlink", os.readlink(path), path]
+        elif os.path.isdir(path):
+            argv += ["--ro-bind", path, path]
+    for path in ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf"):
+        if os.path.exists(path):
+            argv += ["--ro-bind", path, path]
+    for i, source in enumerate(sources):
+        seen = source
+        if root:
+            seen = os.path.join(stage_dir, str(i))
+            os.mkdir(seen, 0o755)
+            stage.append((source, seen))
+        argv += ["--ro-bind", seen, source]
+        if os.path.isdir(os.path.join(source, ".git")):
+            argv += ["--tmpfs", os.path.join(source, ".git"), "--remount-ro", os.path.join(source, ".git")]
+    fds, close_after = list(keep_fds), []
+    if candidate_file:  # its folder (when the sandbox's uid may read it) and a copy of the file, at CANDIDATE_DIR
+        if not root or os.stat(folder).st_mode & 0o005 == 0o005:
+            seen = folder
+            if root:
+                seen = os.path.join(stage_dir, "candidate")
+                os.mkdir(seen, 0o755)
+                stage.append((folder, seen))
+            argv += ["--ro-bind", seen, CANDIDATE_DIR]
+        fd = os.open(candidate_file, os.O_RDONLY)
+        fds.append(fd)
+        close_after.append(fd)
+        argv += ["--ro-bind-data", str(fd), inside_path(candidate_file)]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_LIMIT_BYTES), "--tmpfs", "/dev/shm"]
+    nodes = accelerator_nodes(env)
+    for node in nodes:
+        argv += ["--dev-bind", node, node]
+    if nodes:
+        argv += ["--ro-bind", "/sys", "/sys"]
+    else:  # the CPU topology only (tcmalloc and XLA size their pools by it)
+        argv += [a for path in ("/sys/devices/system/cpu", "/sys/devices/system/node") if os.path.isdir(path)
+                 for a in ("--ro-bind", path, path)]
+    argv += ["--size", str(TMP_LIMIT_BYTES), "--tmpfs", "/tmp", "--remount-ro", "/dev", "--remount-ro", "/",
+             "--chdir", "/tmp", "--clearenv"]
+    for name, value in sorted(inner_env.items()):
+        argv += ["--setenv", name, value]
+    argv += ["--", *command]
+    if root:  # bwrap runs unprivileged as SANDBOX_UID; the stager makes the sources reachable for it
+        os.chmod(stage_dir, 0o755)
+        plan = {"stage": stage, "uid": SANDBOX_UID, "argv": argv}
+        argv = [sys.executable, "-I", "-S", "-c", _STAGER, json.dumps(plan)]
+    return Launch(argv, dict(env), tuple(fds), close_after)
+
+
+@functools.lru_cache(maxsize=1)
+def unavailable_reason() -> str | None:
+    """None when a bubblewrap sandbox starts here (tried once per process), else why not, in one line."""
+    import tempfile
+
+    if bwrap_path() is None:
+        return f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}"
+    folder = tempfile.mkdtemp(prefix="rubric-probe-")
+    try:
+        launch = build([os.path.realpath(sys.executable), "-I", "-S", "-c", "print('ok')"],
+                       {"PATH": os.defpath}, stage_dir=folder)
+        try:
+            done = subprocess.run(launch.argv, env=launch.env, capture_output=True, text=True, timeout=60,
+                                  pass_fds=launch.pass_fds)
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return f"bubblewrap cannot start a sandbox here ({type(e).__name__}: {e}): {INSTALL_HINT}"
+        if done.returncode != 0 or done.stdout.strip() != "ok":
+            why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+            return f"bubblewrap cannot start a sandbox here ({why}): {INSTALL_HINT}"
+        return None
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def choose(requested: str, candidate) -> str:
+    """The isolation a candidate is graded under. ``"auto"``: bubblewrap for a stranger's code (a file,
+    module or programmatic candidate), ``"process"`` for a built-in; ``"bubblewrap"``/``"process"``
+    as asked. Raises :class:`IsolationUnavailable` when bubblewrap is needed and cannot run."""
+    from ..grading.candidates import BUILTIN
+
+    if requested not in CHOICES:
+        raise ValueError(f"isolation must be one of {CHOICES}, got {requested!r}")
+    if requested == "process":
+        return "process"
+    if requested == "auto" and BUILTIN.get(getattr(candidate, "name", None)) is candidate:
+        return "process"
+    reason = unavailable_reason()
+    if reason is not None:
+        raise IsolationUnavailable(reason)
+    return "bubblewrap"
