@@ -27,7 +27,9 @@ def test_passing_candidate_exits_0_and_writes_json(tmp_path, capsys):
     assert "reference [reference] PASSED 100/100" in text and "PASS  causal-leak" in text
     doc = json.loads(out.read_text())
     assert [c["candidate"] for c in doc["scorecards"]] == ["reference"]
-    assert set(doc["scorecards"][0]) == {"candidate", "kind", "passed", "score", "max_score", "error", "level", "checks"}
+    assert set(doc["scorecards"][0]) == {"candidate", "kind", "passed", "score", "max_score", "error", "level",
+                                         "isolation", "checks"}
+    assert doc["scorecards"][0]["isolation"] == "process"  # a built-in, under --isolation auto
     assert doc["scorecards"][0]["level"] == "quick"
     assert set(doc["scorecards"][0]["checks"][0]) == {"name", "passed", "points", "max_points", "detail",
                                                       "error", "tolerance", "baseline_error"}
