@@ -35,7 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-PYTEST = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly"]
+# -n 0: the jobs are the parallelism; -m "": a target names its test files, slow ones included
+PYTEST = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", "no:randomly", "-n", "0", "-m", ""]
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,20 @@ class Target:
     sample: int
 
 
+PKG = "tpu_kernel_records_tools"
 TARGETS = {t.name: t for t in (
-    Target("tolerance", "tpu_kernel_records_tools/grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
-    Target("truth", "tpu_kernel_records_tools/grading/oracle.py", ("tests/test_truth.py",), 20),
+    Target("tolerance", f"{PKG}/grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
+    Target("truth", f"{PKG}/grading/oracle.py", ("tests/test_truth.py",), 20),
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
-    Target("checks", "tpu_kernel_records_tools/grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
-                                         "tests/test_checks_quick.py"), 20),
-    Target("rules", "tpu_kernel_records_tools/builder/rules.py",
+    Target("checks", f"{PKG}/grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
+                                                "tests/test_checks_quick.py"), 20),
+    Target("rules", f"{PKG}/builder/rules.py",
            ("tests/test_rule_refusals.py", "tests/test_rule_refusals_compiled_tpu.py"), 20),
-    Target("derive", "tpu_kernel_records_tools/builder/derive.py", ("tests/test_rule_refusals.py", "tests/test_verify.py"), 8),
-    Target("verify", "tpu_kernel_records_tools/builder/verify.py", ("tests/test_verify.py",), 8),
+    Target("derive", f"{PKG}/builder/derive.py", ("tests/test_rule_refusals.py", "tests/test_verify.py"), 8),
+    Target("verify", f"{PKG}/builder/verify.py", ("tests/test_verify.py",), 8),
+    Target("stats", f"{PKG}/bench/stats.py", ("tests/test_stats_guarantees.py", "tests/test_stats.py"), 12),
+    Target("secrets", f"{PKG}/records/secrets.py", ("tests/test_secrets_guarantees.py", "tests/test_environment.py",
+                                                    "tests/test_verify.py"), 12),
 )}
 
 # Surviving mutants that change no observable behaviour: (path, original line, mutated line) -> why.

@@ -95,3 +95,19 @@ def test_coverage_falls_short_at_three_samples():
     """Why no profile takes three samples: the percentile interval of a median of three covers about
     90%, not 95% (and the check above would fail there)."""
     assert _coverage(3, 0.3) < MIN_COVERAGE
+
+
+def test_non_positive_denominators_and_missing_times_give_nulls():
+    """The docstrings: no ratio for a non-positive median, no efficiency for a missing or non-positive time."""
+    assert stats.ratio_of_medians([1.0, 2.0], [0.0, 0.0, 1.0]) == (None, None, None)
+    assert stats.ratio_of_medians([1.0, 2.0], [-0.5, -0.5]) == (None, None, None)
+    assert stats.scaling_efficiency(8.0, -1.0, 8) is None and stats.scaling_efficiency(8.0, 0.0, 8) is None
+    assert stats.scaling_efficiency(8.0, None, 8) is None and stats.scaling_efficiency(None, 1.0, 8) is None
+    assert stats.scaling_efficiency(8.0, 1.0, 0) is None
+
+
+def test_the_default_seed_is_the_recorded_default():
+    """Callers that record no seed get seed 0 (the builder recomputes with the run's recorded seed)."""
+    rng = np.random.default_rng(9)
+    num, den = _lognormal(rng, 2.0, 0.3, 20), _lognormal(rng, 1.0, 0.3, 20)
+    assert stats.ratio_of_medians(num, den) == stats.ratio_of_medians(num, den, seed=0, key="")
