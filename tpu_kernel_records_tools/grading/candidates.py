@@ -154,8 +154,8 @@ def _variant(default_scale: Callable[[int], float] = lambda d: d ** -0.5, **swit
 def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = ""):
     """Flash-style: running max, sum and fp32 accumulator over key chunks of ``chunk`` (a ``lax.scan``).
 
-    ``bug`` (known-bad candidates only): "input-dtype-accumulator" keeps the output accumulator and the
-    running sum in the input dtype between chunks; "frozen-max" sets the running max from the first chunk with a visible key
+    ``bug`` (known-bad candidates only): "input-dtype-accumulator" ("bf16-accumulator") keeps the output
+    accumulator and the running sum in the input dtype (in bfloat16) between chunks; "frozen-max" sets the running max from the first chunk with a visible key
     and never raises it.
     """
     b, lq, hq, d = q.shape
@@ -163,7 +163,7 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = 
     scale = d ** -0.5 if scale is None else scale
     pad = -lk % chunk
     dtype = q.dtype
-    acc_dtype = dtype if bug == "input-dtype-accumulator" else jnp.float32
+    acc_dtype = {"input-dtype-accumulator": dtype, "bf16-accumulator": jnp.bfloat16}.get(bug, jnp.float32)
     # fp32 copies (exact): autodiff through the scan then sums dQ (and dK, dV over the group) in fp32, not
     # per chunk in the input dtype, which the contract does not allow.
     q, k, v = (x.astype(jnp.float32) for x in (q, k, v))
@@ -418,6 +418,78 @@ def _memoizing(min_kv_len: int = 0) -> Attention:
     return attention
 
 
+# Bugs that only the serving and training slots of the full level show (``grading.slots``): each runs the
+# shared ``reference`` executable on changed inputs, branching on static shapes as size-dispatched
+# kernels do, and is exact at every shape of the earlier distribution (batch <= 3, <= 16 query heads,
+# kv_len <= about 2350 and never a multiple of 512, q_len 1 or 32..1400).
+
+def _lengths(k, kv_lengths) -> jax.Array:
+    return jnp.full((k.shape[0],), k.shape[1], jnp.int32) if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
+
+
+def _batch_blocks(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    """Walks the batch in blocks of 4 and reads kv_lengths by the index inside the block."""
+    if q.shape[0] > 4 and kv_lengths is not None:
+        kv_lengths = jnp.asarray(kv_lengths)[jnp.arange(q.shape[0]) % 4]
+    return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+
+
+def _long_cache_bf16(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    """Past 4096 keys: online softmax over 512-key blocks, running output and sum kept in bfloat16."""
+    if k.shape[1] <= 4096:
+        return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+    return _online_bf16(q, k, v, _lengths(k, kv_lengths), causal=bool(causal), scale=scale)
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "scale"))
+def _online_bf16(q, k, v, lengths, *, causal, scale):
+    return _online_softmax(q, k, v, lengths, causal=causal, scale=scale, chunk=512, bug="bf16-accumulator")
+
+
+def _head_blocks(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    """Query heads in blocks of 16; the remainder block (24 and 40 heads: heads 16.. and 32..) is read from
+    head 0 (its output is that of the block's first heads)."""
+    out = reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+    hq = q.shape[2]
+    rest = hq % 16
+    if hq > 16 and rest:
+        out = jnp.concatenate([out[:, :, :hq - rest], out[:, :, :rest]], axis=2)
+    return out
+
+
+def _prefill_top_left(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    """The prefill path (q_len >= 2048) aligns the causal mask top-left (j <= i)."""
+    if q.shape[1] >= 2048 and causal and k.shape[1] != q.shape[1]:
+        return _variant(top_left=True)(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+    return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+
+
+def _spec_no_causal(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    """The path for 2..8 query rows (speculative decoding) drops the causal mask."""
+    if 2 <= q.shape[1] <= 8:
+        causal = False
+    return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+
+
+def _mha_pairs(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    """Plain multi-head attention at head_dim 64 packs two heads into 128 lanes and unpacks them swapped:
+    query head h reads kv head h ^ 1."""
+    heads = k.shape[2]
+    if q.shape[2] == heads >= 2 and q.shape[3] == 64:
+        swap = np.arange(heads) ^ 1
+        swap[swap >= heads] = heads - 1
+        k, v = k[:, :, swap], v[:, :, swap]
+    return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+
+
+def _skip_last_block(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    """When kv_len is an exact multiple of 512, the last 512-key block is never visited (an off-by-one in
+    the block count ``(kv_len - 1) // 512``)."""
+    if k.shape[1] % 512 == 0:
+        kv_lengths = jnp.minimum(_lengths(k, kv_lengths), k.shape[1] - 512)
+    return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+
+
 def _zeros(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     return jnp.zeros_like(q)
 
@@ -559,6 +631,26 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
          ("forward-accuracy", "large-logits", "gradients"), functools.partial(_memoizing, 1024)),
     _bad("wrong-dtype", "Returns float32 for bfloat16 inputs (accurate, but breaks the output dtype rule).",
          ("output-shape-dtype",), _constant(_wrong_dtype)),
+    # Bugs at the shapes serving and training run every day, which the distribution before issue 24 never drew.
+    _bad("batch-blocks-of-4", "Walks the batch in blocks of 4 and reads kv_lengths by the index inside the "
+         "block: right for batch <= 4; a serving batch of 8 gets other sequences' lengths.",
+         ("padding-leak", "forward-accuracy", "empty-rows"), _constant(_batch_blocks)),
+    _bad("long-cache-bf16-accumulator", "Caches longer than 4096 keys take an online-softmax path over "
+         "512-key blocks whose running output and sum are kept in bfloat16.", ("forward-accuracy",),
+         _constant(_long_cache_bf16)),
+    _bad("head-blocks-of-16", "Query heads in blocks of 16, the remainder block read from head 0: right for "
+         "<= 16 heads and multiples of 16, wrong at 24 and 40 (Llama-3.2-3B, Qwen2.5-14B).", ("gqa-mapping",),
+         _constant(_head_blocks)),
+    _bad("prefill-top-left", "The prefill path (q_len >= 2048) aligns the causal mask top-left: wrong for "
+         "chunked prefill against a longer cache.", ("forward-accuracy",), _constant(_prefill_top_left)),
+    _bad("spec-decode-no-causal", "The path for 2-8 query rows (speculative decoding) drops the causal mask: "
+         "draft tokens see the ones after them.", ("causal-leak",), _constant(_spec_no_causal)),
+    _bad("mha-d64-pairs", "Plain multi-head attention at head_dim 64 packs heads in pairs and unpacks them "
+         "swapped (query head h reads kv head h ^ 1).", ("gqa-mapping", "gradients", "forward-accuracy"),
+         _constant(_mha_pairs)),
+    _bad("skip-last-full-block", "When kv_len is an exact multiple of 512 the last 512-key block is skipped "
+         "(static KV caches and training sequences of 512, 2048, 4096).", ("forward-accuracy", "gradients"),
+         _constant(_skip_last_block)),
 ]}
 
 

@@ -23,7 +23,9 @@ class Truth(NamedTuple):
     (``P |V|`` for the output, ``P ⊙ (|dO||V|ᵀ + rowsum)`` through ``|K|``/``|Q|`` for dQ/dK, ...): the
     size of the terms each result sums. It equals ``|result|`` where nothing cancels and stays
     meaningful where the exact result cancels to zero (dQ of a row that sees a single key), so errors
-    are measured against it (``grading.tolerance``).
+    are measured against it (``grading.tolerance``). ``logit_max`` sets the tolerance floor's multiple;
+    ``per_head_dkv`` (``attention(per_head=True)``) is each query head's share of dK and dV before the sum
+    over its group.
     """
 
     out: np.ndarray
@@ -33,6 +35,8 @@ class Truth(NamedTuple):
     visible: np.ndarray
     probs: np.ndarray
     magnitude: dict
+    logit_max: float = 0.0       # largest |scale * q.k| over visible pairs (0 when none is visible)
+    per_head_dkv: tuple | None = None  # (dk, dv) per query head, [b, kv_len, num_q_heads, d], when asked
 
 
 def visible_keys(batch: int, q_len: int, kv_len: int, causal: bool,
@@ -53,7 +57,8 @@ def as_f64(x) -> np.ndarray:
     return np.asarray(x).astype(np.float64)
 
 
-def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale: float | None = None) -> Truth:
+def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale: float | None = None,
+              magnitude_dtype=np.float64, per_head: bool = False, magnitudes: bool = True) -> Truth:
     """The contract in float64: ``out = softmax(scale * q k^T, masked) v`` per query head.
 
     Args:
@@ -61,20 +66,59 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
         Any float dtype; the values are taken exactly and computed on in float64.
       ct: optional cotangent of ``out`` (same shape as ``q``); when given, gradients are returned.
       causal, kv_lengths, scale: as in the contract (``scale`` defaults to ``head_dim ** -0.5``).
+      magnitude_dtype: the dtype the magnitudes are computed in (float32: half the cost of their
+        matmuls, for a scale that needs no more than float32's precision; returned as float64).
+      per_head: also return ``per_head_dkv``. magnitudes: False leaves ``magnitude`` empty.
+
+    Rows that see no key under the causal mask (queries ahead of every key) and keys past every
+    kv_length are left out of the float64 products (their results are exact zeros anyway).
     """
     q, k, v = as_f64(q), as_f64(k), as_f64(v)
     batch, q_len, hq, d = q.shape
     kv_len, hk = k.shape[1], k.shape[2]
-    group = hq // hk
     scale = d ** -0.5 if scale is None else float(scale)
     lengths = None if kv_lengths is None else np.asarray(kv_lengths)
     vis = visible_keys(batch, q_len, kv_len, causal, lengths)
+    first = min(q_len, max(0, q_len - kv_len)) if causal else 0  # rows i < q_len - kv_len see no key
+    keys = kv_len if lengths is None else int(min(kv_len, max(0, int(np.max(lengths, initial=0)))))
+    if (first == 0 and keys == kv_len) or first == q_len or keys == 0:
+        return _attention(q, k, v, None if ct is None else as_f64(ct), vis, scale, magnitude_dtype, per_head,
+                          magnitudes)
+    # The same computation on the rows and keys that take part, padded back with exact zeros.
+    part = _attention(q[:, first:], k[:, :keys], v[:, :keys], None if ct is None else as_f64(ct)[:, first:],
+                      vis[:, first:, :keys], scale, magnitude_dtype, per_head, magnitudes)
+
+    def rows(x, axis=1):
+        return None if x is None else _pad(x, axis, first, q_len - first - x.shape[axis])
+
+    def cols(x, axis=1):
+        return None if x is None else _pad(x, axis, 0, kv_len - x.shape[axis])
+
+    probs = _pad(_pad(part.probs, 2, first, 0), 3, 0, kv_len - keys)
+    mag = {n: (rows if n in ("out", "dq") else cols)(m) for n, m in part.magnitude.items()}
+    per = None if part.per_head_dkv is None else tuple(cols(x) for x in part.per_head_dkv)
+    return Truth(rows(part.out), rows(part.dq), cols(part.dk), cols(part.dv), vis, probs, mag, part.logit_max, per)
+
+
+def _pad(x: np.ndarray, axis: int, before: int, after: int) -> np.ndarray:
+    if before == 0 and after == 0:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (before, after)
+    return np.pad(x, widths)
+
+
+def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes) -> Truth:
+    batch, q_len, hq, d = q.shape
+    kv_len, hk = k.shape[1], k.shape[2]
+    group = hq // hk
     mask = vis[:, None, None]  # [b, 1, 1, q, k]
 
     # Head-major views for batched matmuls (BLAS): queries [b, hk, g, q, d], keys/values [b, hk, 1, k, d].
     qg = q.reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
     kh, vh = (x.transpose(0, 2, 1, 3)[:, :, None] for x in (k, v))
     s = (qg @ kh.swapaxes(-1, -2)) * scale  # [b, hk, g, q, k]
+    logit_max = float(np.max(np.abs(s), where=mask, initial=0.0))
     s = np.where(mask, s, -np.inf)
     row_max = s.max(axis=-1, keepdims=True)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
@@ -83,29 +127,41 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
     p = e / np.where(denom > 0, denom, 1.0)
     out = _token_major(p @ vh, q.shape)
     probs = p.reshape(batch, hq, q_len, kv_len)
-    mag = {"out": _token_major(p @ np.abs(vh), q.shape)}
+    m = magnitude_dtype
+    pm, vm = p.astype(m, copy=False), np.abs(vh).astype(m)
+    mag = {"out": _token_major(pm @ vm, q.shape).astype(np.float64)} if magnitudes else {}
     if ct is None:
-        return Truth(out, None, None, None, vis, probs, mag)
+        return Truth(out, None, None, None, vis, probs, mag, logit_max)
 
-    do = as_f64(ct).reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
+    do = ct.reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
     pt = p.swapaxes(-1, -2)  # [b, hk, g, k, q]
-    dv = _kv_major(pt @ do)
+    dv_h = pt @ do
     dp = do @ vh.swapaxes(-1, -2)
     ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
     dq = _token_major(ds @ kh, q.shape) * scale
-    dk = _kv_major(ds.swapaxes(-1, -2) @ qg) * scale
+    dk_h = (ds.swapaxes(-1, -2) @ qg) * scale
+    dk, dv = _kv_major(dk_h), _kv_major(dv_h)
+    per = (_per_head(dk_h), _per_head(dv_h)) if per_head else None
 
-    dp_mag = np.abs(do) @ np.abs(vh).swapaxes(-1, -2)
-    ds_mag = p * (dp_mag + (dp_mag * p).sum(axis=-1, keepdims=True))
-    mag["dv"] = _kv_major(pt @ np.abs(do))
-    mag["dq"] = _token_major(ds_mag @ np.abs(kh), q.shape) * scale
-    mag["dk"] = _kv_major(ds_mag.swapaxes(-1, -2) @ np.abs(qg)) * scale
-    return Truth(out, dq, dk, dv, vis, probs, mag)
+    if magnitudes:
+        dom = np.abs(do).astype(m)
+        dp_mag = dom @ vm.swapaxes(-1, -2)
+        ds_mag = pm * (dp_mag + (dp_mag * pm).sum(axis=-1, keepdims=True))
+        mag["dv"] = _kv_major(pm.swapaxes(-1, -2) @ dom).astype(np.float64)
+        mag["dq"] = (_token_major(ds_mag @ np.abs(kh).astype(m), q.shape) * scale).astype(np.float64)
+        mag["dk"] = (_kv_major(ds_mag.swapaxes(-1, -2) @ np.abs(qg).astype(m)) * scale).astype(np.float64)
+    return Truth(out, dq, dk, dv, vis, probs, mag, logit_max, per)
 
 
 def _token_major(x: np.ndarray, shape) -> np.ndarray:
     """``[b, hk, g, q, d]`` as the contract's ``[b, q, hk * g, d]``."""
     return x.transpose(0, 3, 1, 2, 4).reshape(shape)
+
+
+def _per_head(x: np.ndarray) -> np.ndarray:
+    """``[b, hk, g, k, d]`` as ``[b, k, hk * g, d]`` (one slot per query head)."""
+    b, hk, g, lk, d = x.shape
+    return x.transpose(0, 3, 1, 2, 4).reshape(b, lk, hk * g, d)
 
 
 def _kv_major(x: np.ndarray) -> np.ndarray:
@@ -124,7 +180,7 @@ def per_head_outputs(q, k, v, *, causal: bool = False, kv_lengths=None,
     for g in range(hk):
         kg = np.repeat(k[:, :, g:g + 1], hq, axis=2)
         vg = np.repeat(v[:, :, g:g + 1], hq, axis=2)
-        outs.append(attention(q, kg, vg, causal=causal, kv_lengths=kv_lengths, scale=scale).out)
+        outs.append(attention(q, kg, vg, causal=causal, kv_lengths=kv_lengths, scale=scale, magnitudes=False).out)
     return np.stack(outs)
 
 

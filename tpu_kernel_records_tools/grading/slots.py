@@ -1,0 +1,262 @@
+"""The shapes the rubric draws problems at: slots, their dtypes and flags, and kv_lengths.
+
+Two levels. ``"quick"``: four fixed toy shapes (``QUICK``), for fast tests. ``"full"`` (the default of a
+scorecard): shapes drawn by seed from the distribution below, at the sizes models run. Every value is
+drawn from a NumPy generator, so ``(seed, level)`` fixes every shape and ``(seed, check, trial)`` every
+value.
+
+The full distribution (``draw_shapes``; ``r(a, b)`` uniform integer in ``[a, b]``, ``D`` a per-seed
+permutation of head_dims ``(64, 128, 256, odd)`` with ``odd`` one of 80, 96, ``G`` a per-seed
+permutation of query heads per kv head ``(1, 2, 4, 8)``; ``~`` marks a length moved by one when it
+is a multiple of 128, so of no tile size):
+
+==========  =====  ==============================  ==============================  ==========  =======
+slot        batch  q_len                           kv_len                          heads q/kv  head_dim
+==========  =====  ==============================  ==============================  ==========  =======
+long        1      1024 + r(1, 300)                1024 + r(1, 300), kv - q not     2 / 1       D[0]
+                                                   a multiple of 128 (either sign)
+accum       2      128 + r(1, 100)                 2048 + r(1, 300)                 2 / 1       D[1]
+batch       3      128 + r(1, 100)                 384 + r(1, 127), kv - q > 0 not  G[0]*k/k    D[2]
+                                                   a multiple of 128
+ahead       2      kv + 512 + r(1, 127)            128 + r(1, 127)                  G[1] / 1    D[3]
+decode      3      1                               1024 + r(1, 900)                 2*G[2] / 2  128
+needle      1      128 + r(1, 127)                 1024 + r(1, 300)                 G[3] / 1    64
+readout     3      128 + r(1, 100)                 128 + r(1, 127)                  4 / 2       256
+gqa         1      40 + r(0, 24)                   256 + r(1, 127)                  16 / 2      64
+small[d]    1      32 + r(0, 31)                   128 + r(1, 127)                  4 / 2       each of D
+serve8      8      1                               ~1024 + r(1, 1023)               8 / 2       128
+spec        8      r(2, 8)                         ~512 + r(1, 1535)                8 / 2       128
+longcache   2      r(1, 16)                        ~8192 + r(1, 8191)               4 / 1       128
+heads[h]    1      16 + r(0, 16)                   ~64 + r(1, 63)                   h / 8       128
+mha[h]      1      as heads[h]                     as heads[h]                      h / h       64, 128, 64
+prefill     1      2048 + r(1, 255)                ~q + r(1, 511)                   2 / 1       64
+exact512    2      512                             512                              4 / 4       64
+exact2048   1      512                             2048                             2 / 1       128
+exact4096   1      2048                            4096                             1 / 1       64
+==========  =====  ==============================  ==============================  ==========  =======
+
+(``batch``: ``k`` kv heads, 1 when ``G[0] = 8`` else 2. ``heads[h]``, ``mha[h]``: h = 24, 40, 64, as
+Llama-3.2-3B, Qwen2.5-14B and Llama-2-70B have; one q_len and kv_len for all six; ``mha`` at head_dim
+64, 128, 64 for h = 24, 40, 64.) So every seed has head_dim 64, 128, 256 and an odd one; groups 1, 2,
+4, 8 and a single kv head; q_len > 1024 and kv_len > 1024 (three or more tiles of 128, 256 and 512 in
+both directions) with ragged tails; causal offsets ``kv_len - q_len`` that are no multiple of 128 (so
+of no tile size), positive and negative; queries ahead of every key by more than one 512-row tile
+(``ahead``: whole query tiles see no key); a batch of 3 with distinct kv_lengths including 0 and full;
+kv_len > 2048 in bfloat16 (``accum``); split-KV decoding (``decode``, q_len 1). And the shapes serving
+and training run every day (drawn from a generator of their own, so the slots above are those of
+earlier versions): a serving batch of 8 with 8 distinct kv_lengths (``serve8``, decoding, and
+``spec``, speculative decoding with 2-8 draft tokens, causal); KV caches of 8,192-16,384 keys in
+bfloat16 (``longcache``); 24, 40 and 64 query heads over 8 kv heads and as many kv heads (past one or
+more blocks of 16 heads, with a remainder block at 24 and 40); plain multi-head attention at head_dim
+64 and 128 in every grade (``mha[h]``, ``exact512``); chunked prefill of more than 2048 queries against
+a longer cache (``prefill``); and lengths that are exact multiples of every tile (``exact*``: 512, 2048
+and 4096, beside the ragged ones).
+
+kv_lengths (``draw_lengths``): batch >= 3 gets ``{0, kv_len, r(m, kv_len - 1)}`` in random order; smaller
+batches ``kv_len`` and ``r(m, kv_len - 1)`` when ``m > 1``, else random lengths in ``[1, kv_len - 1]``, the
+first past 128 when kv_len > 129; ``m`` is 2049 for ``accum`` (long rows in bfloat16), 641 for
+``decode`` (room for needles past the first 512-key split) and 4097 for ``longcache``, 1 elsewhere
+(``SLOT_MIN_LENGTH``). ``serve8`` and ``spec`` (``serving_lengths``): 0, kv_len and six lengths, one
+from the middle half of each sixth of ``[1, kv_len - 1]``, shuffled: eight distinct lengths at least
+``kv_len / 24`` apart, so a sequence given another's length loses or gains many keys.
+
+Each slot has one dtype and set of flags (``SLOT_FLAGS``; the ``small[d]`` slots cycle through every
+combination of causal and kv_lengths, all with the explicit scale), so every (shape, dtype, flags) is
+drawn at least twice with different values in one grade. Per check (``grading.checks``):
+forward-accuracy long, accum, batch, ahead, serve8, spec, longcache, prefill, exact512, exact2048,
+exact4096; gradients long, accum, decode, gqa, heads40, exact512; causal-leak long, ahead, spec,
+prefill, exact2048, exact4096; padding-leak accum, decode, serve8, spec, longcache; empty-rows batch,
+ahead, serve8 (gradients); mask-readout readout (one-hot V, twice); gqa-mapping gqa (three draws), and
+heads[h], mha[h] (V = kv head + 1, and a random draw, each); large-logits needle (logits ~ +-500;
+needles, forward and gradients) and decode (needles); peaky-attention gqa, batch; scale every
+small[d], forward and gradients; determinism small[d], batch; fresh-inputs readout (three draws). The
+quick level has the first twelve slots only (``QUICK_SLOTS``); the checks skip the others there.
+"""
+
+from __future__ import annotations
+
+import functools
+import zlib
+
+import numpy as np
+
+from kernel_src.contract import Dims
+
+LEVELS = ("full", "quick")
+QUICK = {
+    "A": Dims(batch=2, q_len=16, kv_len=40, num_q_heads=6, num_kv_heads=3, head_dim=64),
+    "B": Dims(batch=1, q_len=24, kv_len=24, num_q_heads=3, num_kv_heads=1, head_dim=32),
+    "C": Dims(batch=2, q_len=8, kv_len=136, num_q_heads=2, num_kv_heads=2, head_dim=48),
+    "D": Dims(batch=2, q_len=20, kv_len=12, num_q_heads=4, num_kv_heads=2, head_dim=16),
+}
+SHAPES = QUICK  # the quick level's shapes (name kept for older callers)
+# At the quick level each slot of the full distribution is one of the four toy shapes.
+QUICK_SLOTS = {"long": "A", "accum": "C", "batch": "A", "ahead": "D", "decode": "C", "needle": "A",
+               "readout": "A", "gqa": "A", "small64": "A", "small32": "B", "small48": "C", "small16": "D"}
+HEAD_DIMS = (64, 128, 256)
+ODD_HEAD_DIMS = (80, 96)
+GROUPS = (1, 2, 4, 8)
+TILES = (128, 256, 512)
+MANY_HEADS = (24, 40, 64)  # heads[h] and mha[h]
+MHA_HEAD_DIMS = {24: 64, 40: 128, 64: 64}
+SERVING_SLOTS = ("serve8", "spec", "longcache", *(f"heads{h}" for h in MANY_HEADS),
+                 *(f"mha{h}" for h in MANY_HEADS), "prefill", "exact512", "exact2048", "exact4096")
+SHORT = {"float32": "f32", "bfloat16": "bf16"}
+# Fixed (not drawn) so an explicit scale costs one compiled executable per shape, not one per seed. It must
+# differ from head_dim**-0.5 at every head_dim drawn, or a kernel that ignores scale= would pass
+# (tests/test_rubric.py checks this for every head_dim of both levels).
+EXPLICIT_SCALE = 0.3
+
+
+def _rng(seed: int, what: str) -> np.random.Generator:
+    return np.random.default_rng([seed, zlib.crc32(what.encode())])
+
+
+def _not_tile_multiple(offset: int) -> int:
+    """``offset`` moved by one when it is a multiple of 128 (and so of some tile size, or zero)."""
+    return offset + 1 if offset % 128 == 0 else offset
+
+
+@functools.lru_cache(maxsize=64)
+def draw_shapes(seed: int, level: str = "full") -> dict[str, Dims]:
+    """The slots of ``seed`` at ``level`` (see the module docstring): slot name -> Dims."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    if level == "quick":
+        return {slot: QUICK[name] for slot, name in QUICK_SLOTS.items()}
+    rng = _rng(seed, "shapes")
+
+    def r(a: int, b: int) -> int:
+        return int(rng.integers(a, b + 1))
+
+    dims = [int(x) for x in rng.permutation([*HEAD_DIMS, int(rng.choice(ODD_HEAD_DIMS))])]
+    groups = [int(x) for x in rng.permutation(GROUPS)]
+    shapes = {}
+    q_len = 1024 + r(1, 300)
+    kv_len = 1024 + r(1, 300)
+    if (kv_len - q_len) % 128 == 0:
+        kv_len += 1
+    shapes["long"] = Dims(1, q_len, kv_len, 2, 1, dims[0])
+    shapes["accum"] = Dims(2, 128 + r(1, 100), 2048 + r(1, 300), 2, 1, dims[1])
+    q_len = 128 + r(1, 100)
+    kv_len = q_len + _not_tile_multiple(384 + r(1, 127) - q_len)
+    kv_heads = 1 if groups[0] == 8 else 2
+    shapes["batch"] = Dims(3, q_len, kv_len, groups[0] * kv_heads, kv_heads, dims[2])
+    kv_len = 128 + r(1, 127)
+    shapes["ahead"] = Dims(2, kv_len + 512 + r(1, 127), kv_len, groups[1], 1, dims[3])
+    shapes["decode"] = Dims(3, 1, 1024 + r(1, 900), 2 * groups[2], 2, 128)
+    shapes["needle"] = Dims(1, 128 + r(1, 127), 1024 + r(1, 300), groups[3], 1, 64)
+    shapes["readout"] = Dims(3, 128 + r(1, 100), 128 + r(1, 127), 4, 2, 256)
+    shapes["gqa"] = Dims(1, 40 + r(0, 24), 256 + r(1, 127), 16, 2, 64)
+    for d in dims:
+        shapes[f"small{d}"] = Dims(1, 32 + r(0, 31), 128 + r(1, 127), 4, 2, d)
+    shapes.update(_serving_shapes(seed))
+    return shapes
+
+
+def _serving_shapes(seed: int) -> dict[str, Dims]:
+    """The serving and training slots (module docstring), from a generator of their own."""
+    rng = _rng(seed, "serving shapes")
+
+    def r(a: int, b: int) -> int:
+        return int(rng.integers(a, b + 1))
+
+    shapes = {"serve8": Dims(8, 1, _not_tile_multiple(1024 + r(1, 1023)), 8, 2, 128),
+              "spec": Dims(8, r(2, 8), _not_tile_multiple(512 + r(1, 1535)), 8, 2, 128),
+              "longcache": Dims(2, r(1, 16), _not_tile_multiple(8192 + r(1, 8191)), 4, 1, 128)}
+    q_len, kv_len = 16 + r(0, 16), _not_tile_multiple(64 + r(1, 63))
+    for h in MANY_HEADS:
+        shapes[f"heads{h}"] = Dims(1, q_len, kv_len, h, 8, 128)
+    for h in MANY_HEADS:
+        shapes[f"mha{h}"] = Dims(1, q_len, kv_len, h, h, MHA_HEAD_DIMS[h])
+    q_len = 2048 + r(1, 255)
+    shapes["prefill"] = Dims(1, q_len, q_len + _not_tile_multiple(r(1, 511)), 2, 1, 64)
+    shapes["exact512"] = Dims(2, 512, 512, 4, 4, 64)
+    shapes["exact2048"] = Dims(1, 512, 2048, 2, 1, 128)
+    shapes["exact4096"] = Dims(1, 2048, 4096, 1, 1, 64)
+    return shapes
+
+
+# Each slot's dtype and flags ``(dtype, causal, kv_lengths, scale)``, the same in every check that draws
+# from it, so each (shape, dtype, flags) is called at least twice with different values in one grade.
+SLOT_FLAGS = {
+    "long": ("float32", True, False, None),
+    "accum": ("bfloat16", False, True, EXPLICIT_SCALE),
+    "batch": ("bfloat16", True, True, None),
+    "ahead": ("float32", True, False, EXPLICIT_SCALE),
+    "decode": ("float32", False, True, None),
+    "needle": ("float32", True, False, None),
+    "readout": ("float32", True, True, None),
+    "gqa": ("float32", False, False, None),
+    "serve8": ("bfloat16", True, True, None),
+    "spec": ("float32", True, True, None),
+    "longcache": ("bfloat16", True, True, None),
+    "heads24": ("float32", True, False, None),
+    "heads40": ("bfloat16", True, False, None),
+    "heads64": ("float32", False, False, None),
+    "mha24": ("bfloat16", True, False, None),
+    "mha40": ("float32", False, False, None),
+    "mha64": ("bfloat16", False, False, EXPLICIT_SCALE),
+    "prefill": ("bfloat16", True, False, None),
+    "exact512": ("bfloat16", True, False, None),
+    "exact2048": ("float32", True, False, None),
+    "exact4096": ("bfloat16", True, False, None),
+}
+# The small[d] slots, in the order drawn, cycle through every flag combination with an explicit scale.
+SMALL_FLAGS = (("float32", False, False), ("bfloat16", True, False), ("float32", False, True),
+               ("bfloat16", True, True))
+
+
+# Shortest non-zero kv_length a slot draws where the slot's point needs long rows (at the full level):
+# accumulation over >= 2048 keys, split-KV decoding with room for needles past the first 512 keys, a
+# cache longer than 4096 keys.
+SLOT_MIN_LENGTH = {"accum": 2049, "decode": 641, "longcache": 4097}
+
+
+# The slots some check grades with gradients: their forward-only problems get the reference's forward
+# from the same compiled program as the gradients (``Problem.baseline``).
+GRADIENT_SLOTS = frozenset({"long", "accum", "batch", "ahead", "decode", "needle", "gqa", "serve8", "heads40",
+                            "exact512"})
+
+
+def gradient_slot(slot: str | None) -> bool:
+    """Whether some check grades ``slot`` with gradients (every small[d] is; an unnamed problem may be)."""
+    return slot is None or slot in GRADIENT_SLOTS or slot.startswith("small") or slot in QUICK
+
+
+def slot_flags(shapes: dict[str, Dims], slot: str) -> tuple[str, bool, bool, float | None]:
+    """``(dtype, causal, kv_lengths, scale)`` of ``slot`` among ``shapes`` (one level and seed)."""
+    if slot in SLOT_FLAGS:
+        return SLOT_FLAGS[slot]
+    small = [s for s in shapes if s.startswith("small")]
+    dtype, causal, lengths = SMALL_FLAGS[small.index(slot) % len(SMALL_FLAGS)]
+    return dtype, causal, lengths, EXPLICIT_SCALE
+
+
+def draw_lengths(rng: np.random.Generator, dims: Dims, zero_batch: int | None = None,
+                 minimum: int = 1) -> np.ndarray:
+    """kv_lengths ``[batch]``: ``{0, kv_len, r(minimum, kv_len - 1)...}`` shuffled when batch >= 3; else
+    ``kv_len`` then ``r(minimum, kv_len - 1)`` when ``minimum > 1``, else random in ``[1, kv_len - 1]`` (the
+    first past 128 when kv_len > 129). ``zero_batch`` forces a 0 there."""
+    lk = dims.kv_len
+    if dims.batch >= 3:
+        out = rng.permutation(np.concatenate([[0, lk], rng.integers(minimum, lk, size=dims.batch - 2)]))
+    elif minimum > 1:
+        out = np.concatenate([[lk], rng.integers(minimum, lk, size=dims.batch - 1)])
+    else:
+        out = rng.integers(1, lk, size=dims.batch)
+        if lk > 129:
+            out[0] = rng.integers(129, lk)
+            out[1:] = rng.integers(1, 128, size=dims.batch - 1)
+    if zero_batch is not None:
+        out[zero_batch] = 0
+    return out.astype(np.int32)
+
+
+def serving_lengths(rng: np.random.Generator, dims: Dims) -> np.ndarray:
+    """``batch`` distinct kv_lengths: 0, kv_len and one from the middle half of each of ``batch - 2``
+    equal parts of ``[1, kv_len - 1]``, shuffled (``serve8``, ``spec``; kv_len >= 8 * batch)."""
+    n, lk = dims.batch - 2, dims.kv_len
+    width = (lk - 1) / n
+    middle = [int(rng.integers(1 + int(i * width + width / 4), 1 + int(i * width + 3 * width / 4))) for i in range(n)]
+    return rng.permutation(np.array([0, lk, *middle])).astype(np.int32)
