@@ -22,7 +22,7 @@ def record(candidate: str, seed: int, passed: bool = True) -> dict:
             "worst_k": 1.0 + seed}
 
 
-def fake_trial(candidate: str, seed: int, level: str, time_limit_s) -> dict:
+def fake_trial(candidate: str, seed: int, level: str, time_limit_s, isolation: str) -> dict:
     """``ok``: a record; ``dies-once``: kills its worker process on the first attempt; ``broken``: raises."""
     attempt = _attempt(candidate, seed)
     if candidate == "dies-once" and attempt == 1:

@@ -7,8 +7,10 @@ import json
 import sys
 from pathlib import Path
 
-from ..cli.rubric import EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_sweep_options, run_sweep, write_atomic
+from ..cli.rubric import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_sweep_options, isolation_allowed, run_sweep,
+                         write_atomic)
 from ..grading.candidates import CandidateSpecError, resolve
+from ..grading.isolation import CHOICES
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
 
 
@@ -34,6 +36,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                    help=f"wall-clock limit of each scorecard's worker (default {DEFAULT_TIME_LIMIT_S:g})")
     p.add_argument("--markdown", type=Path, metavar="PATH", help="also write the table here")
     p.add_argument("--json", type=Path, metavar="PATH", help="write the summary (grading.calibration.summary)")
+    p.add_argument("--isolation", choices=CHOICES, default="auto",
+                   help="where each worker runs (as for grade): auto is bubblewrap for a file or module candidate")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_sweep_options(p)
     p.set_defaults(func=_calibrate)
@@ -46,10 +50,13 @@ def _calibrate(args: argparse.Namespace) -> int:
         print("tpu-kernel-records calibrate: --seeds must be >= 1", file=sys.stderr)
         return EXIT_USAGE
     try:
-        names = [resolve(c).name for c in args.candidate] if args.candidate else correct_candidates()
+        cands = [resolve(c) for c in (args.candidate or correct_candidates())]
     except CandidateSpecError as e:
         print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
         return EXIT_USAGE
+    if not isolation_allowed(args.isolation, cands):
+        return EXIT_USAGE
+    names = [c.name for c in cands]
     done = run_sweep(args, calibration_tasks(args.seeds, names), "calibration")
     if done is None:
         return EXIT_USAGE

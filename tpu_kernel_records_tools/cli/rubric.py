@@ -149,6 +149,22 @@ def _list() -> int:
     return EXIT_OK
 
 
+def isolation_allowed(isolation: str, cands) -> bool:
+    """Whether ``cands`` may be graded under ``isolation`` here: False after one line on stderr saying why
+    and how to install bubblewrap; a stranger's code graded as a plain process gets a warning."""
+    try:
+        where = {c.name: choose(isolation, c) for c in cands}
+    except IsolationUnavailable as e:
+        print(f"tpu-kernel-rubric: refusing to grade a file or module candidate outside the sandbox: {e}",
+              file=sys.stderr)
+        return False
+    strangers = [c.name for c in cands if where[c.name] == "process" and BUILTIN.get(c.name) is not c]
+    if strangers:
+        print(f"tpu-kernel-rubric: warning: grading {', '.join(strangers)} without bubblewrap (--isolation process): "
+              f"its code runs as this user, with this user's files and network", file=sys.stderr)
+    return True
+
+
 def add_sweep_options(p: argparse.ArgumentParser) -> None:
     """Where a sweep's trials run (``grading.sweep``) and where they are streamed."""
     p.add_argument("--workers", type=int, metavar="N",
@@ -176,7 +192,7 @@ def run_sweep(args, tasks: list[tuple[str, int]], sweep: str):
     try:
         return sweeps.run(tasks, level="quick" if args.quick else "full", time_limit_s=args.time_limit,
                           out=args.trials, resume=args.resume, workers=args.workers, scheduler=args.scheduler,
-                          progress=not args.quiet, sweep=sweep)
+                          progress=not args.quiet, sweep=sweep, isolation=args.isolation)
     except (FileExistsError, ValueError) as e:
         print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
         return None
@@ -192,6 +208,8 @@ def _power(args) -> int:
         cands = [resolve(c) for c in args.candidate or default_candidates()]
     except CandidateSpecError as e:
         print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
+        return EXIT_USAGE
+    if not isolation_allowed(args.isolation, cands):
         return EXIT_USAGE
     done = run_sweep(args, power_tasks(cands, args.seeds, args.first_seed, args.kernel_seeds), "power")
     if done is None:
@@ -227,16 +245,8 @@ def _grade(args) -> int:
 
     from ..grading.rubric import grade_all
 
-    try:
-        where = {c.name: choose(args.isolation, c) for c in cands}
-    except IsolationUnavailable as e:
-        print(f"tpu-kernel-rubric: refusing to grade a file or module candidate outside the sandbox: {e}",
-              file=sys.stderr)
+    if not isolation_allowed(args.isolation, cands):
         return EXIT_USAGE
-    strangers = [c.name for c in cands if where[c.name] == "process" and BUILTIN.get(c.name) is not c]
-    if strangers:
-        print(f"tpu-kernel-rubric: warning: grading {', '.join(strangers)} without bubblewrap (--isolation process): "
-              f"its code runs as this user, with this user's files and network", file=sys.stderr)
     level = "quick" if args.quick else "full"
     cards = grade_all(cands, seed=args.seed, level=level, progress=not args.quiet, time_limit_s=args.time_limit,
                       memory_limit_gb=args.memory_limit, isolation=args.isolation)
@@ -254,7 +264,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     grade_opts = {"--candidate", "--seed", "--quick", "--timeout", "--memory-limit", "--isolation", "--json", "--list",
                   "--quiet"}
     power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
-                  "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume"}
+                  "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume", "--isolation"}
     for name, opts, func, help_text in (
             ("grade", grade_opts, _grade, "grade attention candidates with the correctness rubric"),
             ("power", power_opts, _power, "sweep seeds: false rejects and power on known-bad candidates")):

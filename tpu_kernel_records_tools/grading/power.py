@@ -83,7 +83,7 @@ def measure_power(*, seeds: int, candidates: Sequence[str | Candidate] | None = 
 
 def grade_trials(tasks: Sequence[tuple[str, int]], *, level: str, time_limit_s: float | None = None,
                  progress: bool = True, on_trial: Callable[[dict], None] | None = None,
-                 candidates: Sequence[Candidate] = ()) -> list[dict]:
+                 candidates: Sequence[Candidate] = (), isolation: str = "auto") -> list[dict]:
     """The ``trial_record`` of each ``(candidate, seed)`` in ``tasks``, graded in this process, in task
     order. Seeds go in blocks of ``grading.checks.CACHE_SEEDS``: within a block each candidate is graded
     by one worker (``grade_seeds``) on its seeds of the block, and the problems (inputs, truth, baseline)
@@ -103,7 +103,7 @@ def grade_trials(tasks: Sequence[tuple[str, int]], *, level: str, time_limit_s: 
                 continue
             bar.set_postfix_str(f"seeds {mine[0]}-{mine[-1]} {name}")
             start = time.perf_counter()
-            cards = grade_seeds(cand, mine, level=level, **limit)
+            cards = grade_seeds(cand, mine, level=level, isolation=isolation, **limit)
             seconds = (time.perf_counter() - start) / len(cards)
             for seed, card in zip(mine, cards):
                 records[(name, seed)] = record = trial_record(cand, seed, card, seconds)
@@ -126,7 +126,8 @@ def trial_record(cand: Candidate, seed: int, card, seconds: float) -> dict:
             g[0], g[1], g[2] = max(g[0], v.ratio), max(g[1], k), max(g[2], needed_floor(v))
             worst_k = max(worst_k, k)
     return {"candidate": cand.name, "kind": cand.kind, "seed": seed, "passed": bool(card.passed),
-            "failed": list(card.failed), "error": card.error, "seconds": round(seconds, 3),
+            "failed": list(card.failed), "error": card.error, "isolation": card.isolation,
+            "seconds": round(seconds, 3),
             "groups": dict(sorted(groups.items())), "worst_k": worst_k}
 
 

@@ -46,12 +46,13 @@ class Sweep:
     failed: list[dict] = field(default_factory=list)
 
 
-def grade_task(candidate: str, seed: int, level: str, time_limit_s: float | None) -> dict:
-    """One trial, where a Dask worker runs it: ``candidate`` graded on ``seed`` in a sandboxed worker."""
+def grade_task(candidate: str, seed: int, level: str, time_limit_s: float | None, isolation: str = "auto") -> dict:
+    """One trial, where a Dask worker runs it: ``candidate`` graded on ``seed`` in a worker process under
+    ``isolation`` (``grading.isolation``; a machine that cannot give it fails the task)."""
     cand = resolve(candidate)
     limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
     start = time.perf_counter()
-    (card,) = grade_seeds(cand, [seed], level=level, **limit)
+    (card,) = grade_seeds(cand, [seed], level=level, isolation=isolation, **limit)
     return power.trial_record(cand, seed, card, time.perf_counter() - start)
 
 
@@ -93,34 +94,39 @@ class _Log:
 
 def run(tasks: Sequence[tuple[str, int]], *, level: str, time_limit_s: float | None = None,
         out: Path | None = None, resume: bool = False, workers: int | None = None, scheduler: str | None = None,
-        progress: bool = True, sweep: str = "power", task: Callable[..., dict] = grade_task) -> Sweep:
+        progress: bool = True, sweep: str = "power", isolation: str = "auto",
+        task: Callable[..., dict] = grade_task) -> Sweep:
     """Grade every ``(candidate, seed)`` of ``tasks`` (see the module docstring for where).
 
-    ``task(candidate, seed, level, time_limit_s) -> trial record`` is what each task runs (a module-level
-    function, so Dask workers can import it); the default grades a scorecard."""
+    ``task(candidate, seed, level, time_limit_s, isolation) -> trial record`` is what each task runs (a
+    module-level function, so Dask workers can import it); the default grades a scorecard."""
     settings = {"format": FORMAT, "kind": sweep, "level": level, "tasks": len(tasks)}
     done = _read(out, settings) if (out is not None and resume and out.exists()) else {}
     log = _Log(out, settings, resume)
     todo = [t for t in tasks if t not in done]
     result = Sweep()
     if todo and workers == 0 and scheduler is None:
-        _serial(todo, done, level, time_limit_s, log, progress, task)
+        _serial(todo, done, (level, time_limit_s, isolation), log, progress, task)
     elif todo:
-        result.failed = _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler, task)
+        result.failed = _on_dask(todo, done, (level, time_limit_s, isolation), log, progress, workers, scheduler,
+                                 task)
     result.trials = [done[t] for t in tasks if t in done]
     return result
 
 
-def _serial(todo, done, level, time_limit_s, log, progress, task) -> None:
+def _serial(todo, done, how, log, progress, task) -> None:
+    level, time_limit_s, isolation = how
+
     def keep(record: dict) -> None:
         done[(record["candidate"], record["seed"])] = record
         log.write({"trial": record})
 
     if task is grade_task:  # a worker per candidate and block of seeds, not per trial
-        power.grade_trials(todo, level=level, time_limit_s=time_limit_s, progress=progress, on_trial=keep)
+        power.grade_trials(todo, level=level, time_limit_s=time_limit_s, progress=progress, on_trial=keep,
+                           isolation=isolation)
         return
     for name, seed in tqdm(todo, desc="sweep", unit="grade", disable=not progress):
-        keep(task(name, seed, level, time_limit_s))
+        keep(task(name, seed, *how))
 
 
 def _client(workers: int | None, scheduler: str | None):
@@ -137,7 +143,7 @@ def _client(workers: int | None, scheduler: str | None):
     return Client(cluster), cluster
 
 
-def _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler, task) -> list[dict]:
+def _on_dask(todo, done, how, log, progress, workers, scheduler, task) -> list[dict]:
     from dask.distributed import as_completed
 
     client, cluster = _client(workers, scheduler)
@@ -149,7 +155,7 @@ def _on_dask(todo, done, level, time_limit_s, log, progress, workers, scheduler,
 
         def submit(trial):
             name, seed = trial
-            return client.submit(task, name, seed, level, time_limit_s, key=f"trial-{name}-{seed}-{time.time_ns()}",
+            return client.submit(task, name, seed, *how, key=f"trial-{name}-{seed}-{time.time_ns()}",
                                  workers=[home[seed]], allow_other_workers=True)
 
         futures = {submit(t): (t, 0) for t in todo}
