@@ -17,9 +17,13 @@ No process a candidate starts outlives its grading: the grader makes itself a ch
 every descendant psutil finds, and every child of the grader that appeared since the worker started,
 until none is left, and reaps them.
 
-What this does not do: the worker runs as the grader's user, so files that user can read (a token
-saved under the real home, say) are readable by the candidate, and a root grader's ``/proc/PID/environ``
-is readable by a root worker. Grade a stranger's code as an unprivileged user without credentials.
+Under ``isolation="process"`` that is all: the worker runs as the grader's user, so files that user can
+read (a token saved under the real home, say) are readable by the candidate, and a root grader's
+``/proc/PID/environ`` is readable by a root worker. Under ``isolation="bubblewrap"`` (the default for a
+file or module candidate, ``grading.isolation``) the worker also runs in its own user, PID, network, IPC
+and UTS namespaces as an unprivileged uid, on a read-only file system with a private size-limited
+``/tmp``, under a process-count and a file-size limit: it sees neither the grader's processes nor its
+environment, reaches no network and writes nothing outside its ``/tmp``.
 
 Only arrays come back: replies are parsed with ``grading.worker.decode_header`` (JSON header, a
 whitelist of dtypes, sizes checked against a cap), never unpickled.
