@@ -321,3 +321,16 @@ def test_a_held_lock_refuses_after_the_timeout_and_writes_nothing(ws, monkeypatc
             build([run], ws / "data", allow_interpret=True)
     assert err.value.rule == "lock" and "another build" in str(err.value)
     _assert_untouched(ws, before, listing)
+
+
+def test_each_scorecard_row_carries_the_isolation_it_was_graded_under(tmp_path):
+    def mark(docs):
+        cards = docs["correctness"]["scorecards"]
+        cards[0]["isolation"], cards[1]["isolation"] = "process", "bubblewrap"  # the third predates the field
+    ws = testing.workspace(tmp_path / "ws")
+    build([testing.write(ws / "runs", "synthetic-cpu-iso", edit=mark)], ws / "data", allow_interpret=True)
+    rows = _table(ws / "data", "correctness", "synthetic-cpu-iso")
+    where = {(r["row_kind"], r["candidate"], r["isolation"]) for r in rows}
+    assert where == {("check", "reference", "process"), ("check", "pallas", "bubblewrap"),
+                     ("check", "ignores-causal", None), ("power", "ignores-causal", None), ("power", "reference", None)}
+    assert verify(ws / "data") == []
