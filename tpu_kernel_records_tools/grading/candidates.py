@@ -155,8 +155,8 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = 
     """Flash-style: running max, sum and fp32 accumulator over key chunks of ``chunk`` (a ``lax.scan``).
 
     ``bug`` (known-bad candidates only): "input-dtype-accumulator" ("bf16-accumulator") keeps the output
-    accumulator and the running sum in the input dtype (in bfloat16) between chunks; "frozen-max" sets the running max from the first chunk with a visible key
-    and never raises it.
+    accumulator and the running sum in the input dtype (in bfloat16) between chunks; "frozen-max" sets
+    the running max from the first chunk with a visible key and never raises it.
     """
     b, lq, hq, d = q.shape
     lk, hk = k.shape[1], k.shape[2]

@@ -31,7 +31,7 @@ from typing import Callable
 import numpy as np
 
 from ..grading import oracle
-from ..grading.problems import Problem, normal
+from ..grading.problems import Problem, compute_ahead, normal
 from ..grading.slots import (EXPLICIT_SCALE, QUICK, SHAPES, SHORT, SLOT_MIN_LENGTH, draw_shapes,  # noqa: F401
                              serving_lengths, slot_flags)
 from ..grading.runner import CandidateFailure, Runner, TimedOut  # noqa: F401  (re-exported)
@@ -194,6 +194,7 @@ def problems(ctx: Context, check: str, build: Callable[[Callable[[int], np.rando
             for old in [k for k in _CACHE if k[:2] == recent[0]]:
                 del _CACHE[old]
         _CACHE[key] = build(lambda trial: ctx.rng(check, trial))
+        compute_ahead(_CACHE[key])
     return _CACHE[key]
 
 
@@ -441,10 +442,14 @@ def check_gqa_mapping(ctx: Context) -> Outcome:
     verdicts, violations = [], []
     for p in problems(ctx, "gqa-mapping", build):
         out = ctx.forward(p)
-        verdicts.append(_judge_out(p, out))
-        if p.label.endswith("V = kv head + 1"):
+        const = p.label.endswith("V = kv head + 1")
+        # With V constant the reference is exact; a kernel may round P to bfloat16 before P·V (the contract
+        # allows it), which moves a bfloat16 output by an ulp there: only the mapping is judged then.
+        if not const or p.dtype == "float32":
+            verdicts.append(_judge_out(p, out))
+        if const:
             bad = _misread_head(p, out)
-        elif not verdicts[-1].ok and p.group > 1:
+        elif verdicts and not verdicts[-1].ok and p.group > 1:
             bad = _misread_random(p, out.astype(np.float64))
         else:
             bad = None

@@ -8,6 +8,8 @@ the full distribution is its docstring); their names are re-exported here for ol
 from __future__ import annotations
 
 import functools
+import queue
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -125,6 +127,49 @@ class Problem:
         def fold(x):
             return x.astype(dtype).astype(np.float32).reshape(b, lk, hk, self.group, d).sum(axis=3).astype(dtype)
         return tuple(fold(x) for x in self.truth.per_head_dkv)
+
+
+# --------------------------------------------------------------------------------------------------
+# Computing ahead: the float64 truth (NumPy, which releases the GIL in its products) and the
+# reference's baseline (XLA compiles and runs outside the GIL) of the problems a check just built, on
+# two background threads, while the check calls the candidate and judges earlier problems.
+
+_JOBS: queue.Queue = queue.Queue()
+_THREADS: list[threading.Thread] = []
+AHEAD_THREADS = 2
+
+
+def _work() -> None:
+    while True:
+        job = _JOBS.get()
+        try:
+            job()
+        except Exception:  # noqa: BLE001  the property is computed again (and raises) where it is read
+            pass
+
+
+def compute_ahead(found) -> None:
+    """Queue the truth and baseline of every fresh ``Problem`` in ``found`` (nested lists and tuples) for the
+    background threads. Reading a property that a thread is computing waits for it (``cached_property``'s
+    lock); one whose job failed is computed again where it is read."""
+    ps = []
+
+    def walk(x):
+        if isinstance(x, Problem):
+            if not x.derived:
+                ps.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+    walk(found)
+    if not ps:
+        return
+    while len(_THREADS) < AHEAD_THREADS:
+        _THREADS.append(threading.Thread(target=_work, name="grading-ahead", daemon=True))
+        _THREADS[-1].start()
+    for p in ps:  # truths and baselines alternate, so the two threads run one of each
+        _JOBS.put(lambda p=p: p.truth)
+        _JOBS.put(lambda p=p: (p.baseline, p.grouped_baseline))
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale"))

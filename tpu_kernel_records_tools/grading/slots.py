@@ -63,14 +63,15 @@ from the middle half of each sixth of ``[1, kv_len - 1]``, shuffled: eight disti
 Each slot has one dtype and set of flags (``SLOT_FLAGS``; the ``small[d]`` slots cycle through every
 combination of causal and kv_lengths, all with the explicit scale), so every (shape, dtype, flags) is
 drawn at least twice with different values in one grade. Per check (``grading.checks``):
-forward-accuracy long, accum, batch, ahead, serve8, spec, longcache, prefill, exact512, exact2048,
+forward-accuracy long, accum, batch, ahead, serve8, spec, longcache (twice: random, and V constant
+along keys, which a bfloat16 running sum cannot return exactly), prefill, exact512, exact2048,
 exact4096; gradients long, accum, decode, gqa, heads40, exact512; causal-leak long, ahead, spec,
 prefill, exact2048, exact4096; padding-leak accum, decode, serve8, spec, longcache; empty-rows batch,
 ahead, serve8 (gradients); mask-readout readout (one-hot V, twice); gqa-mapping gqa (three draws), and
 heads[h], mha[h] (V = kv head + 1, and a random draw, each); large-logits needle (logits ~ +-500;
-needles, forward and gradients) and decode (needles); peaky-attention gqa, batch; scale every
-small[d], forward and gradients; determinism small[d], batch; fresh-inputs readout (three draws). The
-quick level has the first twelve slots only (``QUICK_SLOTS``); the checks skip the others there.
+needles, forward and gradients) and decode (needles); peaky-attention gqa, batch; scale every small[d],
+forward and gradients; determinism small[d], batch; fresh-inputs readout (three draws). The quick level
+has the first twelve slots only (``QUICK_SLOTS``); the checks skip the others there.
 """
 
 from __future__ import annotations
