@@ -211,3 +211,18 @@ def test_bubblewrap_itself_gets_only_the_allow_listed_environment(tmp_path, monk
                  "--disable-userns", "--die-with-parent", "--new-session", "--clearenv"):
         assert flag in text, flag
     assert f"--size {isolation.TMP_LIMIT_BYTES} --tmpfs /tmp" in text and "--setenv HOME /tmp" in text
+
+
+def test_sources_under_tmp_are_bound_on_top_of_the_private_tmp(tmp_path, monkeypatch):
+    """bwrap mounts in order: a virtualenv or clone under /tmp (as in CI) must be bound after the tmpfs,
+    or the worker's interpreter and packages vanish under it."""
+    monkeypatch.setattr(isolation, "bwrap_path", lambda: "/usr/bin/bwrap")
+    venv = tmp_path / "venv-site"
+    venv.mkdir()
+    monkeypatch.setattr(sys, "path", [*sys.path, str(venv)])
+    (tmp_path / "stage").mkdir()
+    launch = isolation.build(["true"], {"PATH": "/usr/bin"}, stage_dir=str(tmp_path / "stage"))
+    argv = json.loads(launch.argv[-1])["argv"] if os.geteuid() == 0 else launch.argv
+    tmpfs = argv.index("/tmp", argv.index("--tmpfs"))
+    target = max(i for i, a in enumerate(argv) if a == os.path.realpath(venv) and argv[i - 2] == "--ro-bind")
+    assert str(venv).startswith("/tmp/") and tmpfs < target

@@ -141,6 +141,9 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
     for path in ("/etc/ld.so.cache", "/etc/localtime", "/etc/passwd", "/etc/group", "/etc/nsswitch.conf"):
         if os.path.exists(path):
             argv += ["--ro-bind", path, path]
+    # The private /tmp before the sources: bwrap mounts in order, so a source under /tmp (a CI job's
+    # virtualenv, a clone in a temporary folder) is bound on top of it instead of hidden by it.
+    argv += ["--size", str(TMP_LIMIT_BYTES), "--tmpfs", "/tmp"]
     for i, source in enumerate(sources):
         seen = source
         if root:
@@ -172,8 +175,7 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
     else:  # the CPU topology only (tcmalloc and XLA size their pools by it)
         argv += [a for path in ("/sys/devices/system/cpu", "/sys/devices/system/node") if os.path.isdir(path)
                  for a in ("--ro-bind", path, path)]
-    argv += ["--size", str(TMP_LIMIT_BYTES), "--tmpfs", "/tmp", "--remount-ro", "/dev", "--remount-ro", "/",
-             "--chdir", "/tmp", "--clearenv"]
+    argv += ["--remount-ro", "/dev", "--remount-ro", "/", "--chdir", "/tmp", "--clearenv"]
     for name, value in sorted(inner_env.items()):
         argv += ["--setenv", name, value]
     argv += ["--", *command]
