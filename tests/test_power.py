@@ -102,7 +102,7 @@ def test_full_level_lists_every_seeds_shapes():
 def test_power_cli_writes_json_and_markdown(tmp_path, capsys):
     js, md = tmp_path / "power.json", tmp_path / "power.md"
     assert main(["--power", "--seeds", "1", "--candidate", "reference", "--candidate", "wrong-gqa",
-                 "--quick", "--json", str(js), "--markdown", str(md), "--quiet"]) == 0
+                 "--quick", "--json", str(js), "--markdown", str(md), "--quiet", "--workers", "0"]) == 0
     power = json.loads(js.read_text())["power"]
     assert [e["candidate"] for e in power["candidates"]] == ["reference", "wrong-gqa"]
     assert [e["rejected"] for e in power["candidates"]] == [0, 1]

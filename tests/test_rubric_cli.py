@@ -37,6 +37,7 @@ def test_passing_candidate_exits_0_and_writes_json(tmp_path, capsys):
     assert not list(out.parent.glob(".*.tmp"))
 
 
+@pytest.mark.slow  # the passing path runs in the default run
 def test_failing_candidate_exits_1(tmp_path, capsys):
     out = tmp_path / "cards.json"
     assert main(["--candidate", "reference", "--candidate", "ignores-causal", "--json", str(out),
