@@ -15,7 +15,7 @@ let it through.
 
 The result is the ``power`` field of ``correctness.json`` (see ``records/schemas/correctness.schema.json``),
 measured on CPU (numerics are valid there; no kernel speed is implied). Cost at the full level: the
-float64 truth of a seed takes tens of seconds on a 2-core CPU (once per seed, shared by all candidates)
+float64 truth of a seed takes about 5 CPU-seconds (once per seed, shared by all candidates)
 and every seed draws new shapes, so each candidate compiles again per seed; interpret-mode Pallas
 kernels take minutes per seed, so they may run on fewer seeds (``kernel_seeds``); each entry's
 ``trials`` says how many seeds it got.
