@@ -60,7 +60,7 @@ def _calibrate(args: argparse.Namespace) -> int:
     done = run_sweep(args, calibration_tasks(args.seeds, names), "calibration")
     if done is None:
         return EXIT_USAGE
-    table = report(done.trials, done.failed)
+    table = report(done.trials, done.failed, "quick" if args.quick else "full")
     print(table, end="")
     if args.markdown:
         write_atomic(args.markdown, table)

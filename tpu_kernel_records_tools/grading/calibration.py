@@ -63,7 +63,7 @@ def summary(trials: Sequence[dict]) -> dict:
     return out
 
 
-def report(trials: Sequence[dict], failed: Sequence[dict] = ()) -> str:
+def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "full") -> str:
     """The calibration table (Markdown) of ``trials``; tasks that failed are listed, not hidden."""
     s = summary(trials)
     names = list(dict.fromkeys(r["candidate"] for r in trials))
@@ -72,7 +72,7 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = ()) -> str:
         seeds = sorted({x for e in s["sets"].get(which, {}).values() for x in e["seeds"]})
         return f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})" if seeds else "0 seeds"
 
-    lines = [f"Full level, calibration: {seeds_of('calibration')}; held out: {seeds_of('held-out')}. "
+    lines = [f"Level {level}, calibration: {seeds_of('calibration')}; held out: {seeds_of('held-out')}. "
              "Needed k, forward / gradient (largest over the set), and false rejects (measured on CPU).", "",
              "| Candidate | Calibration k | Held-out k | False rejects (calibration + held-out) |",
              "|---|---|---|---|"]
