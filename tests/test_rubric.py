@@ -157,8 +157,9 @@ def test_new_known_bad_is_caught_at_the_full_level_by_its_check(name, full_refer
         assert any(f"{slot}(" in check.detail for slot in problems.draw_shapes(0, "full")), check.detail
 
 
-@pytest.mark.parametrize("name", ["head-dim-tile", "query-tile-local-causal", "key-tile-wrap", "large-kv-top-left",
-                                  "split-kv-without-maxima"])
+@pytest.mark.parametrize("name", [pytest.param("head-dim-tile", marks=pytest.mark.slow), "query-tile-local-causal",
+                                  "key-tile-wrap", "large-kv-top-left",
+                                  pytest.param("split-kv-without-maxima", marks=pytest.mark.slow)])
 def test_new_known_bad_is_exact_at_the_quick_shapes(name):
     """Their bugs are invisible at the old toy shapes: that is why the full level exists."""
     assert grade(name, seed=0, level="quick").passed
@@ -175,7 +176,9 @@ def test_reference_passes_every_check_at_the_quick_level(seed):
     _validate([card])
 
 
-@pytest.mark.parametrize("name", [n for n in CORRECT if n != "reference"]
+# the default run grades one correct variant and the Pallas kernel; the slow run every one of them
+@pytest.mark.parametrize("name", [n if n == "flash-style" else pytest.param(n, marks=pytest.mark.slow)
+                                  for n in CORRECT if n != "reference"]
                          + ["pallas", pytest.param("flash", marks=pytest.mark.slow)])
 def test_correct_candidates_pass(name):
     card = grade(name, seed=0)

@@ -138,6 +138,7 @@ def test_every_hostile_candidate_fails(cli_run):
     assert cards["reference"]["passed"]
 
 
+@pytest.mark.slow  # it waits 10 s
 def test_the_scorecard_file_is_unchanged_10_s_after_the_rubric_exits(cli_run):
     _, out, printed, attacker, _ = cli_run
     assert hashlib.sha256(out.read_bytes()).hexdigest() == printed

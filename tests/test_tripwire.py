@@ -68,6 +68,7 @@ def test_a_candidate_that_rewrites_a_watched_file_fails_and_stops_the_run(tmp_pa
     assert all(not c.passed for c in after.checks)
 
 
+@pytest.mark.slow
 def test_a_candidate_that_leaves_the_files_alone_is_graded_as_usual(watched):
     (card,) = rubric.grade_all(["reference"], level="quick", progress=False, time_limit_s=300)
     assert card.passed and not card.tampered and card.error is None
