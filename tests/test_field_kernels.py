@@ -7,14 +7,15 @@ ids, head repetition, the contract's zeros for rows without keys; never the nume
 flash attention and splash attention of ``jax.experimental.pallas.ops.tpu`` interpreted on the CPU
 (splash with ``interpret=True``, flash in TPU interpret mode). Graded by the rubric (worker process and
 all) at its quick level in every run; at the full level (many minutes each: the interpreter compiles a
-program per padded shape and flags) in the ``slow`` run (``pytest -m slow``); the default run grades
-the XLA one.
+program per padded shape and flags) only with ``TPU_KERNEL_RECORDS_FULL_FIELD=1`` (over 10 minutes each
+with the serving slots); the default run grades the XLA one, the slow run the Pallas ones at the quick level.
 
 Where a JAX version lacks what a kernel needs, its test is skipped with the reason.
 """
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import jax
@@ -23,6 +24,11 @@ import pytest
 from tpu_kernel_records_tools.grading.rubric import grade
 
 ADAPTERS = Path(__file__).with_name("field_adapters.py")
+# With the serving and training slots (caches of 8-16k keys, 64 heads, 2k-row prefill) one full-level
+# grade of an interpreted Pallas TPU kernel took over 600 s here: more than CI's budget for the slow run.
+FULL_FIELD = pytest.mark.skipif(os.environ.get("TPU_KERNEL_RECORDS_FULL_FIELD") != "1",
+                                reason="an interpreted Pallas TPU kernel takes over 10 minutes at the full level on "
+                                       "2 cores; set TPU_KERNEL_RECORDS_FULL_FIELD=1 to grade it")
 
 
 def _tpu_interpret_available() -> bool:
@@ -61,11 +67,13 @@ def test_pallas_tpu_splash_attention_is_accepted():
 
 
 @pytest.mark.slow
+@FULL_FIELD
 @NO_TPU_INTERPRET
 def test_pallas_tpu_flash_attention_is_accepted_at_the_full_level():
     _grade("pallas_tpu_flash", "full")
 
 
 @pytest.mark.slow
+@FULL_FIELD
 def test_pallas_tpu_splash_attention_is_accepted_at_the_full_level():
     _grade("pallas_tpu_splash", "full")
