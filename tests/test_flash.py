@@ -202,8 +202,9 @@ def test_tpu_tiles_take_the_longest_outer_blocks_that_fit():
     """K/V tiles are fetched once per query block that needs them (Q/dO once per key block in
     dK/dV), so the plan takes the longest outer block that fits, then the largest tile: with twice
     the room (a chip with 128 MiB of VMEM) the outer blocks of 32/8 heads at seq 2048 double."""
-    small, _ = flash_plan.tpu_tiles(2048, 2048, 32, 8, 128, 2, flash_plan.VMEM_BUDGET)
-    large, _ = flash_plan.tpu_tiles(2048, 2048, 32, 8, 128, 2, flash_plan.LARGE_VMEM_BUDGET)
+    # the in-place layout (jax >= 0.7's); under jax 0.6.2 the default is the rows layout, another count
+    small, _ = flash_plan.tpu_tiles(2048, 2048, 32, 8, 128, 2, flash_plan.VMEM_BUDGET, layout="heads")
+    large, _ = flash_plan.tpu_tiles(2048, 2048, 32, 8, 128, 2, flash_plan.LARGE_VMEM_BUDGET, layout="heads")
     assert (small.block_q, small.block_q_dq, small.block_k_dkv) == (256, 128, 256)
     assert (large.block_q, large.block_q_dq, large.block_k_dkv) == (512, 256, 1024)
     # a longer outer block that fits beats a larger tile with a shorter one: forward 512 x 256
