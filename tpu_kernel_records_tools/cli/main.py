@@ -54,12 +54,35 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--known-bad", action=argparse.BooleanOptionalAction, default=None,
                    help="also grade every known-bad built-in at the quick level, about 20 s each on a "
                         "2-core CPU (default: yes on the tpu-v5e and gpu profiles, no on cpu and tiny)")
+    p.add_argument("--candidate", metavar="SPEC",
+                   help="measure a submitted kernel instead (path/to/file.py:function or module:function): "
+                        "exported in a sandbox per call signature, its programs graded and timed beside XLA "
+                        "and the flash kernel at the profile's flash and model shapes (needs --name)")
+    p.add_argument("--name", help="the submitted kernel's name in the records (a-z, 0-9, '.', '_', '-')")
+    p.add_argument("--level", choices=("full", "quick"), default="full",
+                   help="the rubric level a submitted kernel is graded at (default full)")
+    p.add_argument("--isolation", choices=("auto", "bubblewrap", "process"), default="auto",
+                   help="where a submitted kernel's exporter runs (default auto: bubblewrap)")
     p.add_argument("--quiet", action="store_true", help="no progress bars or summary table")
     p.set_defaults(func=_measure)
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from ..measure.run import run_measure
+    from ..measure.run import run_measure, run_submitted
+
+    if args.candidate is not None or args.name is not None:
+        if not (args.candidate and args.name):
+            raise ValueError("--candidate and --name go together")
+        from ..grading.export import ProgramRefused
+        try:
+            out = run_submitted(args.candidate, args.name, args.out, profile=args.profile, warmups=args.warmups,
+                                samples=args.samples, seed=args.seed, level=args.level, isolation=args.isolation,
+                                progress=not args.quiet)
+        except ProgramRefused as error:
+            print(f"tpu-kernel-records measure: refused: {error}", file=sys.stderr)
+            return 1
+        print(out)
+        return 0
 
     out = run_measure(args.out, profile=args.profile, warmups=args.warmups, samples=args.samples,
                       scopes=args.scopes, seed=args.seed, power_seeds=args.power_seeds,

@@ -9,7 +9,8 @@ descriptors. The worker then
 2. answers ``hello`` once JAX is imported (the grader does not count that start against the candidate),
 3. loads the candidate by its spec (a built-in name through ``grading.candidates.resolve``,
    ``/abs/path.py:function`` or ``module:function``; or a function pickled by reference),
-4. serves ``forward`` (``out``) and ``vjp`` (``out, dq, dk, dv`` through ``jax.vjp``) requests.
+4. serves ``forward`` (``out``) and ``vjp`` (``out, dq, dk, dv`` through ``jax.vjp``) requests, and
+   ``export`` (the candidate's programs per call signature, ``grading.export``: shapes only, no values).
 
 Only problem inputs reach this process: q, k, v [batch, len, heads, head_dim], the cotangent, the flags
 (causal, kv_lengths [batch] int32, scale). The float64 truth, the reference's baseline and the grader's
@@ -229,6 +230,9 @@ def main(argv: list[str] | None = None) -> None:
         try:
             if header.get("op") == "load":
                 reply, out = server.load(header), []
+            elif header.get("op") == "export" and server.fn is not None:  # grading.export
+                from ..grading.export import export_programs
+                reply, out = export_programs(server.fn, header["signatures"], header["platform"])
             elif header.get("op") in ("forward", "vjp") and server.fn is not None:
                 reply, out = server.call(header, arrays)
             else:

@@ -201,3 +201,59 @@ def summary(benchmark: dict[str, Any], correctness: dict[str, Any]) -> str:
     if benchmark["interpret"]:
         lines.append("WARNING: " + INTERPRET_WARNING)
     return "\n".join(lines)
+
+
+def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str | None = None,
+                  warmups: int | None = None, samples: int | None = None, seed: int = 0, level: str = "full",
+                  isolation: str = "auto", progress: bool = True) -> Path:
+    """``measure --candidate SPEC --name NAME`` (``measure.submission``): export the submitted kernel in a
+    sandbox, grade the programs at ``level`` and time them beside XLA and the flash kernel at the
+    profile's flash and model shapes; write one run with source ``submitted``, programs kept.
+
+    Raises ``ProgramRefused`` (one line) for an export that fails or a program that is refused, and
+    ``ValueError`` / ``FileExistsError`` as ``run_measure``."""
+    import tempfile
+
+    from ..measure import submission
+
+    submission.check_name(name)
+    platform = jax.default_backend()
+    prof = get_profile(profile or default_profile(platform))
+    warmups = prof.warmups if warmups is None else warmups
+    samples = prof.samples if samples is None else samples
+    if warmups < 0 or samples < 1:
+        raise ValueError(f"need warmups >= 0 and samples >= 1, got {warmups} and {samples}")
+    if out is not None and Path(out).exists():
+        raise FileExistsError(f"run folder {out} already exists; refusing to overwrite it")
+    created = environment.utc_now()
+    device_kind = jax.devices()[0].device_kind
+    run_id = f"{environment.run_id_for(platform, device_kind, created)}-{name}"[:128]
+    with tempfile.TemporaryDirectory(prefix="submission-") as folder:
+        entry, templates, programs, digests, grading = submission.prepare(
+            spec, profile=prof, seed=seed, level=level, platform=platform, isolation=isolation, folder=Path(folder))
+        card = submission.grade_programs(name, Path(folder), digests, grading, seed=seed, level=level,
+                                         platform=platform)
+        files = {e["path"]: (Path(folder) / e["path"]).read_bytes() for e in entry["programs"]}
+    bench = submission.run_benchmark_with(prof, warmups=warmups, samples=samples, seed=seed, progress=progress)
+    submission.time_submission(bench, templates, programs, digests, warmups=warmups, samples=samples, seed=seed,
+                               device_kind=device_kind, progress=progress)
+    notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes + [
+        submission.SUBMITTED_NOTE.format(name=name)]
+    env = environment.capture(run_id=run_id, created=created, profile=prof.name, devices_used=bench.devices_used,
+                              interpret=bench.interpret, notes=notes)
+    documents = {
+        "environment": {**env, "source": "submitted"},
+        "correctness": {"format_version": 1, "run_id": run_id, "source": "submitted", "seed": seed,
+                        "measured_candidate": name, "scorecards": [card], "power": None,
+                        "submission": {"name": name, **entry}},
+        "benchmark": {"format_version": 1, "run_id": run_id, "source": "submitted", "profile": prof.name,
+                      "platform": platform, "interpret": bench.interpret, "warmups": warmups,
+                      "samples_per_case": samples, "cases": bench.cases, "pairs": bench.pairs},
+    }
+    files.update(bench.files)
+    _refuse_secrets(documents, files)
+    out_dir = Path(out) if out is not None else _unique_dir(RUNS_DIR / run_id)
+    rawio.write_run(out_dir, documents, files)
+    if progress:
+        print(summary(documents["benchmark"], documents["correctness"]), file=sys.stderr)
+    return out_dir
