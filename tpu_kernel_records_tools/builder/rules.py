@@ -17,7 +17,10 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
 * every recorded environment variable is on the allow-list (``records.secrets``): one outside it is
   refused, not dropped;
 * a ``measured`` run holds every case and pair of its profile and scopes, and every derived number
-  follows from its samples and shapes (``builder.recompute``).
+  follows from its samples and shapes (``builder.recompute``);
+* a ``submitted`` run (a submitted kernel, ``measure --candidate``) also meets ``builder.submitted``'s
+  rules: the timed programs are the graded programs' bytes, its output checks passed, no median below
+  the roofline floor, no interpret mode under a TPU or GPU profile.
 
 A refusal raises ``rawio.RunError`` naming the rule, the file and the field.
 """
@@ -34,6 +37,7 @@ from ..records.rawio import RunError
 from ..records.secrets import env_var_allowed
 
 from .recompute import check_measured
+from .submitted import check_submitted
 
 # Devices a single-host TPU slice shows to JAX, by TPU_ACCELERATOR_TYPE (v4/v5p count two
 # TensorCores per chip in the name; JAX shows one device per chip).
@@ -296,6 +300,8 @@ def accept(run: dict[str, Any], *, allow_interpret: bool = False,
     _check_benchmark(benchmark, set(run["manifest"]["files"]))
     if benchmark["source"] == "measured":
         check_measured(run, read_file)
+    elif benchmark["source"] == "submitted":
+        check_submitted(run, read_file)
     return Accepted(env["run_id"], run, interpret, expected)
 
 

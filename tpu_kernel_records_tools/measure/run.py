@@ -233,6 +233,7 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
             spec, profile=prof, seed=seed, level=level, platform=platform, isolation=isolation, folder=Path(folder))
         card = submission.grade_programs(name, Path(folder), digests, grading, seed=seed, level=level,
                                          platform=platform)
+        card = submission.grade_timed_shapes(card, templates, programs, digests, seed=seed)
         files = {e["path"]: (Path(folder) / e["path"]).read_bytes() for e in entry["programs"]}
     bench = submission.run_benchmark_with(prof, warmups=warmups, samples=samples, seed=seed, progress=progress)
     submission.time_submission(bench, templates, programs, digests, warmups=warmups, samples=samples, seed=seed,

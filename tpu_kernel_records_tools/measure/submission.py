@@ -123,7 +123,7 @@ def source_file(spec: str) -> Path | None:
 # --- 3. output checks -----------------------------------------------------------------------------
 
 def check_output(sig: Signature, host: list[np.ndarray], out: Any, *, backward: bool, seed: int,
-                 rows: int = 64) -> tuple[bool, str]:
+                 lengths: np.ndarray | None = None, rows: int = 64) -> tuple[bool, str]:
     """Judge a timed call's output (the forward's, or dQ of a forward + backward) on ``rows`` query rows
     of one batch element (picked from ``seed``) against the float64 oracle, with the rubric's tolerance
     policy (bound by the contract-precision reference's error on the same rows)."""
@@ -131,7 +131,8 @@ def check_output(sig: Signature, host: list[np.ndarray], out: Any, *, backward: 
     from ..grading import oracle, tolerance
 
     q, k, v = host[:3]
-    lengths = host[3] if sig.has_lengths and not backward else None
+    if sig.has_lengths and lengths is None:
+        lengths = host[-1]
     ct = host[3] if backward else None
     rng = np.random.default_rng([seed, 7])
     b = int(rng.integers(q.shape[0]))
@@ -196,6 +197,7 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
         case_id = submitted_case_id(case)
         record = {k: v for k, v in _template_record(case).items()}
         record.update(case_id=case_id, implementation=SUBMITTED, program_sha256=digests[sig.key],
+                      interpret=jax.default_backend() == "cpu",  # no kernel speed on a CPU
                       roofline_floor_ms=roofline_floor_ms(case.flops, case.bytes_moved, device_kind))
         try:
             timing = time_program(fn, case.abstract_args, _fresh_inputs(case, seed), warmups=warmups, samples=samples,
@@ -272,11 +274,13 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
         path.write_bytes(data)
         entry = entries.setdefault(digest, {"sha256": digest, "path": program_path(digest),
                                             "signature": sig.to_dict(), "grading": False, "cases": []})
-        entry["grading"] |= sig.key in grading_keys
+        entry["grading"] |= sig.key in grading_keys or sig.key in bench_sigs  # rubric, or timed-shapes
         if sig.key in bench_sigs:
             entry["cases"].append(submitted_case_id(bench_sigs[sig.key]))
     file = source_file(spec)
-    submission = {"spec": spec, "file_sha256": hashlib.sha256(file.read_bytes()).hexdigest() if file else None,
+    target, _, function = spec.rpartition(":")
+    shown = f"{Path(target).name}:{function}" if file is not None and target.endswith(".py") else spec
+    submission = {"spec": shown, "file_sha256": hashlib.sha256(file.read_bytes()).hexdigest() if file else None,
                   "platform": platform, "isolation": where, "programs": list(entries.values())}
     return submission, templates, programs, digests, grading
 
@@ -293,6 +297,40 @@ def grade_programs(name: str, folder: Path, digests: dict[str, str], grading: li
                           lambda: program)
     card = rubric.grade(candidate, seed=seed, level=level, isolation="process").to_dict()
     card["programs"] = sorted(set(table.values()))
+    return card
+
+
+TIMED_SHAPES_CHECK = "timed-shapes"
+
+
+def grade_timed_shapes(card: dict[str, Any], templates: list[Case], programs: dict[str, Any],
+                       digests: dict[str, str], *, seed: int) -> dict[str, Any]:
+    """Add the check ``timed-shapes`` to ``card``: each program the benchmark times, run here (no submitter
+    Python) on seeded inputs at its shape, forward and VJP, judged like the timed calls (``check_output``);
+    its hash joins the graded programs."""
+    details, passed = [], True
+    for case in templates:
+        sig = case_signature(case)
+        exported = programs[sig.key]
+        host = _fresh_inputs(case, seed + 1)(-100)[:3]
+        lengths = case.make_inputs()[3] if sig.has_lengths else None
+        extra = (lengths,) if lengths is not None else ()
+        try:
+            out = exported.call(*host, *extra)
+            ok, detail = check_output(sig, [*host, *extra], out, backward=False, seed=seed)
+            ct = np.random.default_rng([seed, 11]).standard_normal(host[0].shape).astype(host[0].dtype)
+            _, pull = jax.vjp(lambda q, k, v: exported.call(q, k, v, *extra), *host)
+            ok_dq, detail_dq = check_output(sig, [*host, ct], pull(ct), backward=True, seed=seed, lengths=lengths)
+        except Exception as error:  # noqa: BLE001 - the program's failure is the check's verdict
+            ok, ok_dq, detail, detail_dq = False, False, f"raised {type(error).__name__}: {error}"[:300], ""
+        passed &= ok and ok_dq
+        details.append(f"{submitted_case_id(case)}: {detail}; {detail_dq}")
+    check = {"name": TIMED_SHAPES_CHECK, "passed": bool(passed), "points": 1.0 if passed else 0.0, "max_points": 1.0,
+             "detail": " | ".join(details)[:2000], "error": None, "tolerance": None, "baseline_error": None}
+    card = dict(card, checks=[*card["checks"], check])
+    card.update(passed=bool(card["passed"] and passed), score=card["score"] + check["points"],
+                max_score=card["max_score"] + 1.0,
+                programs=sorted({*card.get("programs", []), *(digests[case_signature(c).key] for c in templates)}))
     return card
 
 
