@@ -21,6 +21,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
+from .leaderboard import leaderboard
 from ..bench.stats import CONFIDENCE
 from ..records.schema import CONFIG_NAMES, FEATURES, TAG
 
@@ -301,5 +302,6 @@ def sections(tables: dict[str, pa.Table]) -> dict[str, str]:
     """Every generated section of the card, from the combined tables of all records."""
     return {"dataset_info": dataset_info(tables), "records": records(tables["environment"]),
             "power": power(tables["correctness"]), "figure": figure_section(tables["benchmark"]),
+            "leaderboard": leaderboard(tables["benchmark"], tables["correctness"]),
             "usage": usage()}
 

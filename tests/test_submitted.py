@@ -1,0 +1,110 @@
+"""Submitted kernels as programs (issue 26), the cheap parts: export, refusal, dispatch, timing, leaderboard."""
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tpu_kernel_records_tools.bench.submitted import checked_samples, roofline_floor_ms, time_program
+from tpu_kernel_records_tools.builder.leaderboard import median_ci
+from tpu_kernel_records_tools.grading.export import (ALLOWED_CUSTOM_CALLS, ProgramAttention, ProgramRefused, Signature,
+                                                     custom_calls, export_programs, load_program, program_path, sha256)
+
+HERE = Path(__file__).parent / "submitted"
+sys.path.insert(0, str(HERE))
+import callbacks  # noqa: E402
+import pure_jax  # noqa: E402
+
+SIG = Signature((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8), "float32", True, True, None)
+
+
+def _inputs(seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal(SIG.q).astype(np.float32)
+    k, v = (rng.standard_normal(SIG.k).astype(np.float32) for _ in range(2))
+    return q, k, v, np.array([6], np.int32)
+
+
+def _export(fn, sig=SIG):
+    reply, arrays = export_programs(fn, [sig.to_dict()], "cpu")
+    assert reply["ok"], reply
+    return arrays[0].tobytes()
+
+
+def test_program_dispatch_matches_the_function_and_its_gradient(tmp_path):
+    data = _export(pure_jax.attention)
+    (tmp_path / program_path(sha256(data))).parent.mkdir()
+    (tmp_path / program_path(sha256(data))).write_bytes(data)
+    program = ProgramAttention(str(tmp_path), {SIG.key: sha256(data)}, "cpu")
+    q, k, v, lengths = _inputs()
+    want = pure_jax.attention(q, k, v, causal=True, kv_lengths=lengths)
+    np.testing.assert_array_equal(np.asarray(program(q, k, v, causal=True, kv_lengths=lengths)), np.asarray(want))
+    grad = jax.grad(lambda q: program(q, k, v, causal=True, kv_lengths=lengths).sum())(q)
+    grad_want = jax.grad(lambda q: pure_jax.attention(q, k, v, causal=True, kv_lengths=lengths).sum())(q)
+    np.testing.assert_allclose(np.asarray(grad), np.asarray(grad_want), rtol=1e-6, atol=1e-6)
+    with pytest.raises(ProgramRefused, match="no exported program"):
+        program(q, k, v, causal=False, kv_lengths=lengths)  # a signature the export did not cover
+    (tmp_path / program_path(sha256(data))).write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(ProgramRefused, match="changed on disk"):
+        ProgramAttention(str(tmp_path), {SIG.key: sha256(data)}, "cpu")(q, k, v, causal=True, kv_lengths=lengths)
+
+
+@pytest.mark.parametrize("fn", [callbacks.pure, callbacks.io, callbacks.debug])
+def test_an_export_with_a_host_callback_is_refused(fn):
+    reply, arrays = export_programs(fn, [SIG.to_dict()], "cpu")
+    if reply["ok"]:  # a JAX that serializes callbacks: the allow-list refuses the program
+        with pytest.raises(ProgramRefused, match="callback|side effects|custom_call"):
+            load_program(arrays[0].tobytes(), SIG, "cpu")
+    else:
+        assert "callback" in reply["error"] and "\n" not in reply["error"]
+
+
+def test_custom_call_allow_list_names_only_kernel_lowerings():
+    text = ('%0 = stablehlo.custom_call @tpu_custom_call(%a)\n'
+            '%1 = "stablehlo.custom_call"(%b) {call_target_name = "xla_ffi_python_cpu_callback"}')
+    assert custom_calls(text) == {"tpu_custom_call", "xla_ffi_python_cpu_callback"}
+    assert custom_calls(text) - ALLOWED_CUSTOM_CALLS == {"xla_ffi_python_cpu_callback"}
+
+
+def test_a_program_for_other_shapes_or_platform_is_refused():
+    data = _export(pure_jax.attention)
+    other = Signature((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8), "float32", True, True, 0.5)
+    load_program(data, other, "cpu")  # scale is static: same shapes load (dispatch keys on it)
+    wider = Signature((1, 16, 2, 8), (1, 16, 1, 8), (1, 16, 1, 8), "float32", True, True, None)
+    with pytest.raises(ProgramRefused, match="not the signature"):
+        load_program(data, wider, "cpu")
+    with pytest.raises(ProgramRefused, match="targets"):
+        load_program(data, SIG, "tpu")
+    with pytest.raises(ProgramRefused, match="does not deserialize"):
+        load_program(b"not a program", SIG, "cpu")
+
+
+def test_every_timed_call_gets_fresh_inputs_and_picked_outputs_are_rerun_and_checked():
+    made, checked = [], []
+
+    def make(i):
+        made.append(i)
+        return [np.full((4,), float(i), np.float32)]
+
+    def check(i, host, out):
+        checked.append(i)
+        return bool(np.all(np.asarray(out) == 2 * host[0])), "ok"
+
+    timing = time_program(lambda x: 2 * x, (jax.ShapeDtypeStruct((4,), jnp.float32),), make, warmups=2,
+                          samples=6, check=check, seed=3, key="case")
+    assert len(timing.samples_ms) == 6 and all(t > 0 for t in timing.samples_ms)
+    assert made[:2] == [-1, -2] and made[2:8] == list(range(6))  # a new input per timed call
+    assert checked == checked_samples(6, 3, "case") and all(c["passed"] for c in timing.output_checks)
+    assert checked_samples(6, 3, "case") != checked_samples(6, 4, "case") or \
+        checked_samples(6, 3, "case") != checked_samples(6, 3, "other")
+
+
+def test_roofline_floor_and_median_interval():
+    assert roofline_floor_ms(197e12, 1.0, "TPU v5 lite") == pytest.approx(1e3)
+    assert roofline_floor_ms(1.0, 819e9, "TPU v5e") == pytest.approx(1e3)
+    assert roofline_floor_ms(1.0, 1.0, "cpu") is None
+    low, high = median_ci([float(x) for x in range(1, 21)])
+    assert low <= 10.5 <= high and (low, high) == (6.0, 15.0)  # binomial(20, 1/2): ranks 6..15 cover 95.9%
+    assert median_ci([1.0, 2.0]) == (None, None)

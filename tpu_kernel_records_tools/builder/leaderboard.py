@@ -1,0 +1,71 @@
+"""The card's leaderboard of submitted kernels: per device and shape, every row graded and timed as one program.
+
+One row per timed case of a ``submitted`` record (``builder.submitted`` accepted it): the kernel's
+name, its rubric verdict, the median time with a distribution-free 95% confidence interval of the
+median (order statistics of the samples), the ratios to XLA and to the project's flash kernel at the
+same shape (bootstrap 95% CIs, from the run's pairs) and the record id. Rows measured in interpret
+mode or on a CPU are listed in their own table, labelled: they say nothing about kernel speed.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pyarrow as pa
+
+SUBMITTED = "submitted"
+NONE_YET = "No submitted kernel is recorded yet (`tpu-kernel-records measure --candidate FILE.py:fn --name NAME`).\n"
+
+
+def median_ci(samples: list[float], level: float = 0.95) -> tuple[float | None, float | None]:
+    """The order-statistic interval ``(x_(j), x_(k))`` holding the median with at least ``level``
+    probability (binomial(n, 1/2) ranks); ``(None, None)`` where ``n`` is too small for that."""
+    x, n = sorted(samples), len(samples)
+    cdf = [sum(math.comb(n, i) for i in range(r + 1)) / 2 ** n for r in range(n + 1)]
+    for j in range((n - 1) // 2, -1, -1):  # widen symmetrically until the coverage is reached
+        k = n - 1 - j
+        if cdf[k] - cdf[j] >= level if j < k else False:
+            return x[j], x[k]
+    return None, None
+
+
+def _ratio(pairs: list[dict[str, Any]], baseline: str) -> str:
+    for p in pairs or []:
+        if p["baseline_case_id"] and f"-{baseline}-" in p["baseline_case_id"] and p["ratio"] is not None:
+            ci = "" if p["ci_low"] is None else f" [{p['ci_low']:.2f}, {p['ci_high']:.2f}]"
+            return f"{p['ratio']:.2f}x{ci}"
+    return "-"
+
+
+def leaderboard(benchmark: pa.Table, correctness: pa.Table) -> str:
+    """The generated ``leaderboard`` section (markdown)."""
+    verdicts = {(r["record_id"], r["candidate"]): r["candidate_passed"] for r in correctness.to_pylist()
+                if r["source"] == SUBMITTED and r["measured"] and r["row_kind"] == "check"}
+    names = {record: name for record, name in verdicts}
+    rows = [r for r in benchmark.to_pylist() if r["source"] == SUBMITTED and r["implementation"] == SUBMITTED]
+    if not rows:
+        return NONE_YET
+    rows.sort(key=lambda r: (r["interpret"], r["device_kind"], r["scope"], r["seq_len"], r["num_q_heads"],
+                             r["median_ms"] if r["median_ms"] is not None else math.inf))
+    header = ["Device", "Scope", "Shape (batch, seq, q/kv heads, head_dim, dtype)", "Kernel", "Verdict",
+              "Median ms [95% CI]", "vs XLA [95% CI]", "vs flash [95% CI]", "Record"]
+    out = []
+    for interpret in (False, True):
+        table = []
+        for r in (r for r in rows if r["interpret"] == interpret):
+            name = names.get(r["record_id"], "?")
+            low, high = median_ci(r["samples_ms"] or [])
+            ci = "" if low is None else f" [{low:.4g}, {high:.4g}]"
+            table.append([r["device_kind"], r["scope"],
+                          f"{r['batch']}, {r['seq_len']}, {r['num_q_heads']}/{r['num_kv_heads']}, {r['head_dim']}, "
+                          f"{r['dtype']}", f"`{name}`", "passed" if verdicts.get((r["record_id"], name)) else "failed",
+                          f"{r['median_ms']:.4g}{ci}", _ratio(r["pairs"], "xla"), _ratio(r["pairs"], "flash"),
+                          f"`{r['record_id']}`"])
+        if not table:
+            continue
+        out.append("**Interpret mode or CPU: not kernel speed**, only that the programs run.\n\n" if interpret
+                   else "**On the device.**\n\n")
+        out.append("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
+                   + "".join("| " + " | ".join(str(c) for c in row) + " |\n" for row in table) + "\n")
+    return "".join(out)
