@@ -1,0 +1,107 @@
+"""A submitted kernel end to end (slow: each measure exports in bubblewrap and grades): measure -> build ->
+verify -> load, and the builder's refusals of wrong, tampered and hostile submissions."""
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from tpu_kernel_records_tools.builder import rules
+from tpu_kernel_records_tools.grading import isolation
+from tpu_kernel_records_tools.grading.export import ProgramRefused
+from tpu_kernel_records_tools.measure.run import run_submitted
+from tpu_kernel_records_tools.records import rawio
+
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(isolation.unavailable_reason() is not None,
+                                                   reason="bubblewrap cannot run here")]
+HERE = Path(__file__).parent / "submitted"
+
+
+def measure(tmp: Path, file: str, name: str, function: str = "attention") -> Path:
+    return run_submitted(f"{HERE / file}:{function}", name, tmp / name, profile="tiny", level="quick",
+                         progress=False)
+
+
+def accept(run_dir: Path):
+    return rules.accept(rawio.read_run(run_dir), allow_interpret=True, read_file=rules.run_files(run_dir))
+
+
+@pytest.fixture(scope="module")
+def honest(tmp_path_factory):
+    return measure(tmp_path_factory.mktemp("submitted"), "pure_jax.py", "pure-jax")
+
+
+def _programs(run_dir: Path) -> dict:
+    doc = json.loads((run_dir / "correctness.json").read_text())
+    return {p["sha256"]: p for p in doc["submission"]["programs"]}
+
+
+def _rewrite(run_dir: Path, dest: Path, edit) -> Path:
+    shutil.copytree(run_dir, dest)
+    edit(dest)
+    manifest = json.loads((dest / "manifest.json").read_text())
+    for rel in manifest["files"]:
+        manifest["files"][rel] = rawio.sha256_file(dest / rel)
+    (dest / "manifest.json").write_bytes(rawio.dumps(manifest))
+    return dest
+
+
+def test_a_correct_submission_becomes_a_record_and_a_leaderboard_row(honest, tmp_path):
+    from tpu_kernel_records_tools.builder.build import build
+    from tpu_kernel_records_tools.builder.verify import verify
+    import pyarrow.parquet as pq
+
+    acc = accept(honest)
+    card = acc.run["correctness"]["scorecards"][0]
+    assert card["passed"] and card["programs"] and acc.run["correctness"]["submission"]["isolation"] == "bubblewrap"
+    data, card_path = tmp_path / "data", tmp_path / "card.md"
+    shutil.copy(Path(__file__).parents[1] / "dataset_card.md", card_path)
+    build([honest], data_dir=data, card_path=card_path, allow_interpret=True)
+    assert not verify(data_dir=data, card_path=card_path)
+    rows = [r for r in pq.read_table(data / "benchmark").to_pylist() if r["implementation"] == "submitted"]
+    assert len(rows) == 1 and rows[0]["source"] == "submitted" and rows[0]["interpret"]
+    text = card_path.read_text()
+    assert "`pure-jax`" in text and "not kernel speed" in text and rows[0]["record_id"] in text
+
+
+def test_a_tampered_program_file_is_refused(honest, tmp_path):
+    def flip(d):
+        path = d / next(iter(_programs(d).values()))["path"]
+        data = path.read_bytes()
+        path.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    with pytest.raises(rawio.RunError, match=r"\[program-file\]"):
+        accept(_rewrite(honest, tmp_path / "run", flip))
+
+
+def test_a_timed_program_that_was_not_graded_is_refused(honest, tmp_path):
+    def swap(d):
+        bench = json.loads((d / "benchmark.json").read_text())
+        case = next(c for c in bench["cases"] if c["implementation"] == "submitted")
+        case["program_sha256"] = "0" * 64
+        (d / "benchmark.json").write_bytes(rawio.dumps(bench))
+    with pytest.raises(rawio.RunError, match=r"\[timed-not-graded\]"):
+        accept(_rewrite(honest, tmp_path / "run", swap))
+
+
+def test_a_wrong_submission_is_refused_by_the_builder(tmp_path):
+    run_dir = measure(tmp_path, "wrong.py", "ignores-lengths")
+    with pytest.raises(rawio.RunError, match=r"\[correctness\]"):
+        accept(run_dir)
+
+
+def test_hostile_submissions_cannot_change_what_is_recorded(honest, tmp_path):
+    honest_programs = set(_programs(honest))
+    for file in ("timer_patch.py", "replay_identity.py"):  # their trick never reaches the timing process
+        run_dir = measure(tmp_path, file, file.removesuffix(".py").replace("_", "-"))
+        assert set(_programs(run_dir)) == honest_programs  # the very bytes the honest kernel exported
+        accept(run_dir)
+    run_dir = measure(tmp_path, "batched_first.py", "batched-first")  # later calls return zeros
+    with pytest.raises(rawio.RunError, match=r"\[correctness\]"):
+        accept(run_dir)
+    for file in ("replay_fingerprint.py", "deferred.py"):  # need values, or return no array: no program
+        with pytest.raises(ProgramRefused):
+            measure(tmp_path, file, file.removesuffix(".py").replace("_", "-"))
+
+
+def test_a_pallas_submission_in_interpret_mode_becomes_a_record(tmp_path):
+    accept(measure(tmp_path, "pallas_interpret.py", "pallas-interpret"))
