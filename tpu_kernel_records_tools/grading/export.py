@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Iterable
@@ -119,55 +118,7 @@ def export_programs(fn, signatures: list[dict], platform: str) -> tuple[dict, li
     return {"ok": True}, out
 
 
-# --- the measuring process's side ------------------------------------------------------------------
-
-def export_candidate(spec: str, signatures: Iterable[Signature], *, platform: str, isolation: str = "auto",
-                     time_limit_s: float = EXPORT_LIMIT_S) -> dict[str, bytes]:
-    """Export ``spec`` (``file.py:fn`` or ``module:fn``) at every signature in a sandboxed worker;
-    returns signature key -> serialized program. Raises :class:`ProgramRefused` with one line."""
-    from ..grading import isolation as isolations
-    from ..grading.candidates import BUILTIN, CandidateSpecError, resolve
-    from ..grading.runner import Runner
-    from ..grading.sandbox import Expired, WorkerGone
-    from ..grading.worker import ProtocolError
-
-    try:
-        cand = resolve(spec)
-    except CandidateSpecError as e:
-        raise ProgramRefused(str(e)) from None
-    if cand.name in BUILTIN:
-        raise ProgramRefused(f"{spec!r} is a built-in candidate; submit a file.py:function or module:function")
-    try:
-        where = isolations.choose(isolation, cand)
-    except isolations.IsolationUnavailable as e:
-        raise ProgramRefused(str(e)) from None
-    sigs = list(dict.fromkeys(signatures))
-    runner = Runner(cand, time_limit_s=time_limit_s, isolation=where)
-    try:
-        error = runner.start()
-        if error is not None:
-            raise ProgramRefused(f"the candidate could not be loaded for export: {error}")
-        begin = time.monotonic()
-        try:
-            reply, arrays = runner.sandbox.request(
-                {"op": "export", "platform": platform, "signatures": [s.to_dict() for s in sigs]},
-                timeout_s=time_limit_s, reply_limit_bytes=PROGRAM_LIMIT_BYTES)
-        except Expired:
-            raise ProgramRefused(f"the export ran past its time limit ({time_limit_s:g} s); the exporter "
-                                 f"and everything it started were killed") from None
-        except WorkerGone as e:
-            raise ProgramRefused(f"the exporter's worker process {e} during the export") from None
-        except ProtocolError as e:
-            raise ProgramRefused(f"the exporter sent a malformed reply ({str(e)[:200]})") from None
-        if not reply.get("ok"):
-            raise ProgramRefused(_one_line(str(reply.get("error", "the export failed"))))
-        if len(arrays) != len(sigs) or any(a.dtype != np.uint8 or a.ndim != 1 for a in arrays):
-            raise ProgramRefused(f"the exporter returned {len(arrays)} programs for {len(sigs)} signatures")
-        del begin
-        return {sig.key: a.tobytes() for sig, a in zip(sigs, arrays)}
-    finally:
-        runner.close()
-
+# --- the measuring process's side (the sandboxed export itself: grading.exporter) -----------------
 
 def _one_line(text: str, limit: int = 400) -> str:
     text = "".join(ch if ch.isprintable() else " " for ch in text).strip()

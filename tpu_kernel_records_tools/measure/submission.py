@@ -5,7 +5,7 @@
    reference in this process with a recorder (a correct kernel's control flow; a call the submission's
    grade meets without a program fails that check).
 2. ``grading.export``: the submission is imported only in a sandboxed worker, which exports a program
-   per signature; here each is deserialized and checked (custom calls, effects, shapes) or refused.
+   per signature; here each is deserialized and checked (custom calls, effects, shapes) or refused; the sandboxed export itself is ``grading.exporter``.
 3. The rubric grades :class:`grading.export.ProgramAttention` over those bytes at ``level``; the
    benchmark times the same bytes (``bench.submitted``) beside XLA and the project's flash kernel at the
    same shapes. Every program is kept as ``programs/<sha256>.jaxexport`` in the run, which the builder
@@ -29,7 +29,8 @@ from ..bench import roofline, stats
 from ..bench.benchmark import BenchmarkResult, run_benchmark
 from ..bench.cases import MODEL_SCOPES, Case, Profile
 from ..bench.submitted import roofline_floor_ms, time_program
-from ..grading.export import ProgramAttention, ProgramRefused, Signature, export_candidate, load_program, program_path
+from ..grading.export import ProgramAttention, ProgramRefused, Signature, load_program, program_path
+from ..grading.exporter import export_candidate
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,63}$")
 SUBMITTED = "submitted"  # the implementation name of a submitted kernel's cases
