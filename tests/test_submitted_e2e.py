@@ -90,11 +90,14 @@ def test_a_wrong_submission_is_refused_by_the_builder(tmp_path):
 
 
 def test_hostile_submissions_cannot_change_what_is_recorded(honest, tmp_path):
-    honest_programs = set(_programs(honest))
+    def median(run_dir):
+        bench = json.loads((run_dir / "benchmark.json").read_text())
+        return next(c for c in bench["cases"] if c["implementation"] == "submitted")["median_ms"]
+
     for file in ("timer_patch.py", "replay_identity.py"):  # their trick never reaches the timing process
         run_dir = measure(tmp_path, file, file.removesuffix(".py").replace("_", "-"))
-        assert set(_programs(run_dir)) == honest_programs  # the very bytes the honest kernel exported
-        accept(run_dir)
+        accept(run_dir)  # graded and timed as an honest program: the patched clock reported 0 ms
+        assert median(run_dir) > 0.1 * median(honest)
     run_dir = measure(tmp_path, "batched_first.py", "batched-first")  # later calls return zeros
     with pytest.raises(rawio.RunError, match=r"\[correctness\]"):
         accept(run_dir)
