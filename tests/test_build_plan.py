@@ -76,11 +76,13 @@ def test_the_plan_builds_into_data_and_the_card_labelled_as_predicted(ws):
     assert LABEL in section and "not measured" in section and "[PLAN_V5E.md](PLAN_V5E.md)" in section
     fwd = PLAN["rows"][0]
     # flash: 100.6 + 50.4 = 151.0 MB at 819 GB/s = 0.184 ms; XLA: 1965.3 MB = 2.400 ms; ratio 0.077;
-    # best peer splash-512 at 199 + 1 = 200 MB: 151.0 / 200 = 0.76. Backward: jax-flash's 801 MB.
-    assert (f"| 2048 | 8 | 4 / 2 | 128 | fwd | 151.0 | 200.0 (splash-512) | 0.76 | 0.184 | 2.400 "
+    # best peer splash-512 at 199 + 1 = 200 MB: 151.0 / 200 = 0.76; least / best peer: the least
+    # 50.3 + outside 50.4 = 100.7 MB over 200 = 0.503. Backward: jax-flash's 801 MB, bound
+    # (185.9 + 55.7) / 801 = 0.302.
+    assert (f"| 2048 | 8 | 4 / 2 | 128 | fwd | 151.0 | 200.0 (splash-512) | 0.76 | 0.503 | 0.184 | 2.400 "
             f"| {fwd['flash_over_xla']:.3f} |") in section
     assert f"{fwd['flash_over_xla']:.3f}" == "0.077"
-    assert "| fwd+bwd | 455.7 | 801.0 (jax-flash) | 0.57 |" in section
+    assert "| fwd+bwd | 455.7 | 801.0 (jax-flash) | 0.57 | 0.302 |" in section
     assert "jax 0.10.2, libtpu 0.0.42.1" in section
     assert verify(ws / "data") == []
 
@@ -125,3 +127,27 @@ def test_build_plan_on_the_command_line(ws, capsys):
     assert code == 0 and (ws / "data" / plan.PLAN_FILE).is_file()
     assert commands.main(["build", "--data", str(ws / "data"), "--plan", str(ws / "missing.json")]) == 1
     assert "missing.json" in capsys.readouterr().err
+
+
+def test_the_committed_plan_doc_is_its_json_rendered_and_states_the_least_traffic_bound():
+    """``PLAN_V5E.md`` is ``data/plan/tpu-v5e.json`` rendered (same rows, same provenance), and
+    its least / best peer column shows why 16 / 16 heads at seq 2048, forward, cannot reach
+    0.6x splash: reading q, k, v and writing o once (8 x 2048 x 16 x 128 bf16 each, plus the
+    int32 lengths) is already more than 0.6 of splash-512's traffic."""
+    from tpu_kernel_records_tools.bench.plan import least_over_best_peer, render_markdown
+
+    doc = plan.read_plan(testing.REPO / "data" / plan.PLAN_FILE)
+    made = {key: doc[key] for key in ("jax", "libtpu", "date")}
+    assert (testing.REPO / plan.PLAN_DOC).read_text() == render_markdown(
+        doc["rows"], "tpu-v5e", doc["command"], made)
+    for row in doc["rows"]:  # no schedule goes below its bound
+        assert row["flash_over_best_peer"] >= least_over_best_peer(row) * (1 - 1e-9), row
+    [mha] = [r for r in doc["rows"] if r["scope"] == "model-fwd" and r["seq"] == 2048
+             and r["num_kv_heads"] == 16]
+    assert mha["flash_kernel_bytes"] == 4 * 8 * 2048 * 16 * 128 * 2 + 8 * 4
+    assert mha["best_peer"] == "splash-512"
+    bound = least_over_best_peer(mha)
+    assert bound == (mha["flash_kernel_bytes"] + mha["flash_outside_bytes"]) / (
+        mha["peers"]["splash-512"]["traffic_bytes"])
+    assert bound > 0.6
+    assert f"| {bound:.3f} |" in (testing.REPO / plan.PLAN_DOC).read_text()
