@@ -115,6 +115,9 @@ def benchmark_rows(acc: Accepted) -> list[dict[str, Any]]:
             "stablehlo_tpu": raw + case["stablehlo_tpu"] if case["stablehlo_tpu"] else None,
             "compiled_tpu": _compiled_tpu(case.get("compiled_tpu"), raw),
             "compiled_tpu_reason": case.get("compiled_tpu_reason"),
+            "program_sha256": case.get("program_sha256"), "roofline_floor_ms": case.get("roofline_floor_ms"),
+            "output_checks": None if case.get("output_checks") is None else [
+                {k: check[k] for k in ("sample", "passed", "detail")} for check in case["output_checks"]],
         })
     return rows
 
@@ -132,7 +135,7 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
                      "measured": card["candidate"] == doc["measured_candidate"], "candidate_passed": card["passed"],
                      "score": card["score"], "max_score": card["max_score"], "candidate_error": card.get("error"),
                      # where its worker ran (grading.isolation); null in runs graded before it was recorded
-                     "isolation": card.get("isolation")}
+                     "isolation": card.get("isolation"), "programs": card.get("programs")}
         checks = [{"check": c["name"], "passed": c["passed"], "points": c["points"], "max_points": c["max_points"],
                    "detail": c["detail"], "error": c.get("error"), "tolerance": c.get("tolerance"),
                    "baseline_error": c.get("baseline_error")} for c in card["checks"]]
@@ -146,7 +149,7 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
                 **base, **empty_check, "row_kind": "power", "candidate": entry["candidate"],
                 "kind": entry.get("kind"), "measured": entry["candidate"] == doc["measured_candidate"],
                 "candidate_passed": None, "score": None, "max_score": None, "candidate_error": None,
-                "isolation": None, "trials": entry.get("trials"), "rejected": entry.get("rejected"),
+                "isolation": None, "programs": None, "trials": entry.get("trials"), "rejected": entry.get("rejected"),
                 "rejected_by": [{"check": name, "count": by[name]} for name in sorted(by)],
                 "expected": entry.get("expected"), "intended_checks": entry.get("intended_checks"),
                 "rejected_by_intended": entry.get("rejected_by_intended"),
@@ -173,6 +176,8 @@ def environment_rows(acc: Accepted) -> list[dict[str, Any]]:
         "bootstrap": env["bootstrap"], "notes": env["notes"],
         "measured_candidate": doc["measured_candidate"], "checks": len(measured),
         "checks_passed": sum(c["passed"] for c in measured),
+        "submission_spec": (doc.get("submission") or {}).get("spec"),
+        "submission_file_sha256": (doc.get("submission") or {}).get("file_sha256"),
         "cases": len(bench["cases"]), "cases_ok": sum(c["status"] == "ok" for c in bench["cases"]),
         "warmups": bench["warmups"], "samples_per_case": bench["samples_per_case"],
         "raw_files": [{"path": path, "sha256": digest}

@@ -11,7 +11,10 @@ the parquet files themselves, so nothing here is declared a second time.
   loading script.
 * ``FEATURES``: config -> ``pyarrow.Schema``. Times are UTC timestamps (microseconds), lists are
   standard parquet lists (``list<element>``), the grader-power columns are structs, and so is a
-  benchmark case's ``compiled_tpu`` (the TPU compiler's facts: predicted, not measured).
+  benchmark case's ``compiled_tpu`` (the TPU compiler's facts: predicted, not measured). A submitted
+  kernel's record (source ``submitted``) fills ``program_sha256``, ``roofline_floor_ms`` and
+  ``output_checks`` (benchmark), ``programs`` (correctness: the sha256 of every program graded) and
+  ``submission_spec`` / ``submission_file_sha256`` (environment); other records leave them null.
 """
 
 from __future__ import annotations
@@ -58,6 +61,8 @@ COMPILED_TPU = _struct(
     kernels=_list(_struct(name=_str, vmem_bytes=_int, result_bytes=_int, declared_flops=_int,
                           declared_bytes=_int)),
     hlo=_str)
+# A submitted kernel's timed call whose output was checked against the truth after timing.
+OUTPUT_CHECK = _struct(sample=_int, passed=_bool, detail=_str)
 POWER_SETTINGS = _struct(
     seeds=_int, first_seed=_int, shapes=_list(_struct(name=_str, **_SHAPE)), dtypes=_list(_str),
     checks=_list(_str),
@@ -80,11 +85,12 @@ FEATURES: dict[str, pa.Schema] = {
         scaling_efficiency=_float,
         pairs=_list(_struct(baseline_case_id=_str, ratio=_float, ci_low=_float, ci_high=_float, devices=_int,
                             scaling_efficiency=_float)),
-        stablehlo=_str, stablehlo_tpu=_str, compiled_tpu=COMPILED_TPU, compiled_tpu_reason=_str),
+        stablehlo=_str, stablehlo_tpu=_str, compiled_tpu=COMPILED_TPU, compiled_tpu_reason=_str,
+        program_sha256=_str, roofline_floor_ms=_float, output_checks=_list(OUTPUT_CHECK)),
     "correctness": _schema(
         **_RECORD, seed=_int, row_kind=_str,
         candidate=_str, kind=_str, measured=_bool, candidate_passed=_bool, score=_float,
-        max_score=_float, candidate_error=_str, isolation=_str,
+        max_score=_float, candidate_error=_str, isolation=_str, programs=_list(_str),
         check=_str, passed=_bool, points=_float, max_points=_float, detail=_str,
         error=_float, tolerance=_float, baseline_error=_float,
         trials=_int, rejected=_int, rejected_by=_list(_struct(check=_str, count=_int)),
@@ -99,6 +105,7 @@ FEATURES: dict[str, pa.Schema] = {
         env_vars=_list(_struct(name=_str, value=_str)),
         bootstrap=_list(_struct(jax=_str, jaxlib=_str, libtpu=_str, outcome=_str, error=_str)),
         notes=_str, measured_candidate=_str, checks=_int, checks_passed=_int,
+        submission_spec=_str, submission_file_sha256=_str,
         cases=_int, cases_ok=_int, warmups=_int, samples_per_case=_int,
         raw_files=_list(_struct(path=_str, sha256=_str))),
 }
