@@ -3,8 +3,9 @@
 ``time_program`` compiles the program once, then for each sample makes that sample's inputs
 (``make_inputs(i)``, fresh values every time) and moves them to the device outside the timed region,
 times the one call from dispatch to ``block_until_ready`` on every output leaf, and keeps every sample.
-Each output's sha256 is taken after its clock stopped. Only then a seeded RNG picks the calls whose
-outputs are checked (``output_checks``): each picked call is run again on its regenerated inputs, its
+Each output's sha256 is taken after its clock stopped. Only then the run's check entropy (drawn by the
+measuring process after the export finished, recorded in the run) picks the calls whose outputs are
+checked (``output_checks``): each picked call is run again on its regenerated inputs, its
 output must be the same bits as the timed one, and ``check`` judges it against the truth. A program
 cannot know in advance which call will be checked, nor return in one call work done for another
 (its inputs did not exist yet), nor leave its work to the checker (the clock waits for every output).
@@ -46,15 +47,15 @@ def output_digest(output: Any) -> str:
     return digest.hexdigest()
 
 
-def checked_samples(samples: int, seed: int, key: str, count: int = DEFAULT_CHECKED) -> list[int]:
-    """The timed calls whose outputs are checked: drawn after timing from ``(seed, key)``."""
-    rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(key.encode())]))
+def checked_samples(samples: int, entropy: str, key: str, count: int = DEFAULT_CHECKED) -> list[int]:
+    """The timed calls whose outputs are checked, from the run's check entropy (hex) and the case ``key``."""
+    rng = np.random.default_rng([int(entropy, 16), zlib.crc32(key.encode())])
     return sorted(int(i) for i in rng.choice(samples, size=min(count, samples), replace=False))
 
 
 def time_program(fn: Callable[..., Any], abstract_args: Sequence[Any],
                  make_inputs: Callable[[int], list[np.ndarray]], *, warmups: int, samples: int,
-                 check: Callable[[int, list[np.ndarray], Any], tuple[bool, str]], seed: int, key: str,
+                 check: Callable[[int, list[np.ndarray], Any], tuple[bool, str]], entropy: str, key: str,
                  checked: int = DEFAULT_CHECKED, clock: Clock = time.perf_counter,
                  sync: Callable[[Any], Any] = block_until_ready) -> ProgramTiming:
     """Time ``jax.jit(fn)`` (see module doc). ``check(i, host inputs, output) -> (passed, detail)``."""
@@ -83,7 +84,7 @@ def time_program(fn: Callable[..., Any], abstract_args: Sequence[Any],
         timing.samples_ms.append((clock() - start) * 1e3)
         digests.append(output_digest(out))
         del out, args
-    for i in checked_samples(samples, seed, key, checked):
+    for i in checked_samples(samples, entropy, key, checked):
         host = make_inputs(i)
         out = sync(compiled(*[jax.device_put(x) for x in host]))
         if output_digest(out) != digests[i]:

@@ -9,7 +9,10 @@ samples), a submitted run is a record only if:
 * ``timed-not-graded``: every timed case's program is one of the graded programs (the same bytes) and
   is listed for that case, at that case's shape;
 * ``interpret-profile``: no case ran in interpret mode, nor on a CPU, under a TPU or GPU profile;
-* ``output-check``: every timed case checked at least one timed call's output, and each check passed;
+* ``check-entropy``: the run records the entropy its measuring process drew after the export
+  (``submission.check_entropy``), which chose the timed shapes' inputs, the checked calls and rows;
+* ``output-check``: every timed case checked the outputs of the timed calls that entropy picks
+  (``bench.submitted.checked_samples``), and each check passed;
 * ``roofline-floor``: no timed median below the least time the case's FLOPs and bytes allow on the
   device (recomputed here, with the recorded floor);
 * ``missing-case`` / ``unexpected-case`` / ``derived``: one timed case per shape of the profile's
@@ -24,7 +27,7 @@ import hashlib
 from typing import Any, Callable
 
 from ..bench import roofline, stats
-from ..bench.submitted import roofline_floor_ms
+from ..bench.submitted import checked_samples, roofline_floor_ms
 from ..grading.export import program_path
 from ..records.rawio import RunError
 
@@ -45,6 +48,9 @@ def _programs(run: dict[str, Any], read_file: Callable[[str], bytes] | None) -> 
     if entry["name"] != run["correctness"]["measured_candidate"]:
         _fail("submission", "correctness.json", "measured_candidate",
               f"{run['correctness']['measured_candidate']!r} is not the submission {entry['name']!r}")
+    if not entry.get("check_entropy"):
+        _fail("check-entropy", "correctness.json", "submission/check_entropy", "a submitted run records the entropy "
+              "drawn after its export, which chose the timed inputs and the checked calls and rows")
     files = set(run["manifest"]["files"])
     programs = {}
     for i, program in enumerate(entry["programs"]):
@@ -79,7 +85,7 @@ def _graded(run: dict[str, Any], programs: dict[str, dict[str, Any]]) -> set[str
     _fail("correctness", "correctness.json", "measured_candidate", f"no scorecard for {name!r}")
 
 
-def _check_timed(i: int, case: dict[str, Any], programs, graded: set[str], device_kind: str) -> None:
+def _check_timed(i: int, case: dict[str, Any], programs, graded: set[str], device_kind: str, entropy: str) -> None:
     where, name = f"cases/{i}", case["case_id"]
     digest = case.get("program_sha256")
     if digest not in graded:
@@ -94,6 +100,10 @@ def _check_timed(i: int, case: dict[str, Any], programs, graded: set[str], devic
     checks = case.get("output_checks") or []
     if not checks:
         _fail("output-check", "benchmark.json", f"{where}/output_checks", f"case {name!r} checked no output")
+    picked = checked_samples(len(case["samples_ms"]), entropy, name)
+    if [c["sample"] for c in checks] != picked:
+        _fail("output-check", "benchmark.json", f"{where}/output_checks", f"case {name!r} checked timed calls "
+              f"{[c['sample'] for c in checks]}, but the run's check entropy picks {picked}")
     for j, check in enumerate(checks):
         if not check["passed"] or check["sample"] >= len(case["samples_ms"]):
             _fail("output-check", "benchmark.json", f"{where}/output_checks/{j}",
@@ -142,7 +152,7 @@ def check_submitted(run: dict[str, Any], read_file: Callable[[str], bytes] | Non
             if case[field] != peers[0][field]:
                 _fail("derived", "benchmark.json", f"cases/{i}/{field}",
                       f"{case[field]!r}, but the baselines at its shape have {peers[0][field]!r}")
-        _check_timed(i, case, programs, graded, env["device_kind"])
+        _check_timed(i, case, programs, graded, env["device_kind"], run["correctness"]["submission"]["check_entropy"])
     missing = sorted(set(groups) - {c["case_id"] for c in timed.values()})
     if missing:
         _fail("missing-case", "benchmark.json", "cases", f"no submitted case {missing[0]!r}")

@@ -208,13 +208,15 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
                   isolation: str = "auto", progress: bool = True) -> Path:
     """``measure --candidate SPEC --name NAME`` (``measure.submission``): export the submitted kernel in a
     sandbox, grade the programs at ``level`` and time them beside XLA and the flash kernel at the
-    profile's flash and model shapes; write one run with source ``submitted``, programs kept.
+    profile's flash and model shapes; write one run with source ``submitted``, programs kept. The timed
+    shapes' inputs, checked calls and rows follow from entropy drawn after the export (recorded as
+    ``submission.check_entropy``); ``seed`` is the rubric's.
 
     Raises ``ProgramRefused`` (one line) for an export that fails or a program that is refused, and
     ``ValueError`` / ``FileExistsError`` as ``run_measure``."""
     import tempfile
 
-    from ..measure import submission
+    from ..measure import submission, timed_checks
 
     submission.check_name(name)
     platform = jax.default_backend()
@@ -233,11 +235,12 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
             spec, profile=prof, seed=seed, level=level, platform=platform, isolation=isolation, folder=Path(folder))
         card = submission.grade_programs(name, Path(folder), digests, grading, seed=seed, level=level,
                                          platform=platform)
-        card = submission.grade_timed_shapes(card, templates, programs, digests, seed=seed)
+        entropy = timed_checks.draw_entropy()  # after the export: no program can know it
+        card = submission.grade_timed_shapes(card, templates, programs, digests, entropy=entropy)
         files = {e["path"]: (Path(folder) / e["path"]).read_bytes() for e in entry["programs"]}
     bench = submission.run_benchmark_with(prof, warmups=warmups, samples=samples, seed=seed, progress=progress)
     submission.time_submission(bench, templates, programs, digests, warmups=warmups, samples=samples, seed=seed,
-                               device_kind=device_kind, progress=progress)
+                               entropy=entropy, device_kind=device_kind, progress=progress)
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes + [
         submission.SUBMITTED_NOTE.format(name=name)]
     env = environment.capture(run_id=run_id, created=created, profile=prof.name, devices_used=bench.devices_used,
@@ -246,7 +249,7 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
         "environment": {**env, "source": "submitted"},
         "correctness": {"format_version": 1, "run_id": run_id, "source": "submitted", "seed": seed,
                         "measured_candidate": name, "scorecards": [card], "power": None,
-                        "submission": {"name": name, **entry}},
+                        "submission": {"name": name, **entry, "check_entropy": entropy}},
         "benchmark": {"format_version": 1, "run_id": run_id, "source": "submitted", "profile": prof.name,
                       "platform": platform, "interpret": bench.interpret, "warmups": warmups,
                       "samples_per_case": samples, "cases": bench.cases, "pairs": bench.pairs},

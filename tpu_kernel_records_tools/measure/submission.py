@@ -5,11 +5,14 @@
    reference in this process with a recorder (a correct kernel's control flow; a call the submission's
    grade meets without a program fails that check).
 2. ``grading.export``: the submission is imported only in a sandboxed worker, which exports a program
-   per signature; here each is deserialized and checked (custom calls, effects, shapes) or refused; the sandboxed export itself is ``grading.exporter``.
+   per signature (``grading.exporter``); here each is deserialized and checked (custom calls, effects,
+   shapes) or refused.
 3. The rubric grades :class:`grading.export.ProgramAttention` over those bytes at ``level``; the
    benchmark times the same bytes (``bench.submitted``) beside XLA and the project's flash kernel at the
    same shapes. Every program is kept as ``programs/<sha256>.jaxexport`` in the run, which the builder
    checks (``builder.submitted``).
+4. At the timed shapes the timed calls' inputs, the checked calls and the rows judged follow from
+   entropy drawn after the export (``measure.timed_checks``); the rubric's ``seed`` sets only the grade.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from ..bench.cases import MODEL_SCOPES, Case, Profile
 from ..bench.submitted import roofline_floor_ms, time_program
 from ..grading.export import ProgramAttention, ProgramRefused, Signature, load_program, program_path
 from ..grading.exporter import export_candidate
+from .timed_checks import check_output, check_rng
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,63}$")
 SUBMITTED = "submitted"  # the implementation name of a submitted kernel's cases
@@ -121,63 +125,25 @@ def source_file(spec: str) -> Path | None:
     return Path(origin) if origin and Path(origin).is_file() else None
 
 
-# --- 3. output checks -----------------------------------------------------------------------------
+# --- 3. the run -----------------------------------------------------------------------------------
 
-def check_output(sig: Signature, host: list[np.ndarray], out: Any, *, backward: bool, seed: int,
-                 lengths: np.ndarray | None = None, rows: int = 64) -> tuple[bool, str]:
-    """Judge a timed call's output (the forward's, or dQ of a forward + backward) on ``rows`` query rows
-    of one batch element (picked from ``seed``) against the float64 oracle, with the rubric's tolerance
-    policy (bound by the contract-precision reference's error on the same rows)."""
-    from kernel_src.reference import reference_attention
-    from ..grading import oracle, tolerance
-
-    q, k, v = host[:3]
-    if sig.has_lengths and lengths is None:
-        lengths = host[-1]
-    ct = host[3] if backward else None
-    rng = np.random.default_rng([seed, 7])
-    b = int(rng.integers(q.shape[0]))
-    n = min(rows, q.shape[1])
-    r0 = int(rng.integers(q.shape[1] - n + 1))
-    keys = k.shape[1]
-    if sig.causal:  # keys past the last row's visible ones drop out, keeping the bottom-right offset
-        keys = max(1, min(keys, r0 + n + keys - q.shape[1]))
-    sub = dict(q=q[b:b + 1, r0:r0 + n], k=k[b:b + 1, :keys], v=v[b:b + 1, :keys])
-    sub_lengths = None if lengths is None else np.minimum(lengths[b:b + 1], keys).astype(np.int32)
-    kwargs = dict(causal=sig.causal, kv_lengths=sub_lengths, scale=sig.scale)
-    got = np.asarray(jax.device_get(out[0] if backward else out))[b:b + 1, r0:r0 + n]
-    if backward:
-        sub_ct = ct[b:b + 1, r0:r0 + n]
-        truth = oracle.attention(sub["q"], sub["k"], sub["v"], sub_ct, **kwargs)
-        _, pull = jax.vjp(lambda q_: reference_attention(q_, sub["k"], sub["v"], **kwargs), sub["q"])
-        baseline = np.asarray(pull(sub_ct)[0])
-        expected, magnitude, what = truth.dq, truth.magnitude.get("dq"), "dq"
-    else:
-        truth = oracle.attention(sub["q"], sub["k"], sub["v"], **kwargs)
-        baseline = np.asarray(reference_attention(sub["q"], sub["k"], sub["v"], **kwargs))
-        expected, magnitude, what = truth.out, truth.magnitude.get("out"), "output"
-    verdict = tolerance.judge(f"{what} rows {r0}-{r0 + n - 1} of batch {b}", got, expected, baseline, sig.dtype,
-                              gradient=backward, magnitude=magnitude, logit_scale=truth.logit_max)
-    return verdict.ok, verdict.describe()
-
-
-# --- 4. the run -----------------------------------------------------------------------------------
-
-def _fresh_inputs(case: Case, seed: int):
-    """Sample ``i``'s host inputs: fresh q, k, v (and cotangent) values; the profile's key lengths."""
+def _fresh_inputs(case: Case, entropy: str):
+    """Sample ``i``'s host inputs: fresh q, k, v (and cotangent) values from the run's check entropy (drawn
+    after the export, so no program knows them); the profile's key lengths."""
     host = case.make_inputs()
     ints = {j: host[j] for j, a in enumerate(case.abstract_args) if np.dtype(a.dtype).kind == "i"}
 
     def make(i: int) -> list[np.ndarray]:
-        rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(case.case_id.encode()), i + 2 ** 20]))
+        rng = np.random.default_rng([int(entropy, 16), zlib.crc32(case.case_id.encode()), i + 2 ** 20])
         return [ints[j] if j in ints else rng.standard_normal(a.shape, dtype=np.float32).astype(a.dtype)
                 for j, a in enumerate(case.abstract_args)]
     return make
 
 
 def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dict[str, Any], digests: dict[str, str],
-                    *, warmups: int, samples: int, seed: int, device_kind: str, progress: bool) -> None:
-    """Add one timed case per template (the submitted program at its shape) and its pairs to ``bench``."""
+                    *, warmups: int, samples: int, seed: int, entropy: str, device_kind: str, progress: bool) -> None:
+    """Add one timed case per template (the submitted program at its shape) and its pairs to ``bench``: its
+    inputs, checked calls and checked rows follow from ``entropy``; ``seed`` sets the ratios' bootstrap."""
     from tqdm.auto import tqdm
 
     by_group: dict[tuple, list[str]] = {}
@@ -201,10 +167,10 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
                       interpret=jax.default_backend() == "cpu",  # no kernel speed on a CPU
                       roofline_floor_ms=roofline_floor_ms(case.flops, case.bytes_moved, device_kind))
         try:
-            timing = time_program(fn, case.abstract_args, _fresh_inputs(case, seed), warmups=warmups, samples=samples,
-                                  check=lambda i, host, out: check_output(sig, host, out, backward=backward,
-                                                                          seed=seed + i),
-                                  seed=seed, key=case_id)
+            timing = time_program(fn, case.abstract_args, _fresh_inputs(case, entropy), warmups=warmups,
+                                  samples=samples, entropy=entropy, key=case_id,
+                                  check=lambda i, host, out: check_output(
+                                      sig, host, out, backward=backward, rng=check_rng(entropy, case_id, i)))
             record.update(samples_ms=timing.samples_ms, lower_ms=timing.lower_ms, compile_ms=timing.compile_ms,
                           transfer_ms=timing.transfer_ms, output_checks=timing.output_checks)
             record.update(stats.summarize(timing.samples_ms))
@@ -302,30 +268,34 @@ def grade_programs(name: str, folder: Path, digests: dict[str, str], grading: li
 
 
 TIMED_SHAPES_CHECK = "timed-shapes"
+GRADE_CALL = 2 ** 31  # the check generators' stream of ``grade_timed_shapes`` (timed calls use 0, 1, ...)
 
 
 def grade_timed_shapes(card: dict[str, Any], templates: list[Case], programs: dict[str, Any],
-                       digests: dict[str, str], *, seed: int) -> dict[str, Any]:
+                       digests: dict[str, str], *, entropy: str) -> dict[str, Any]:
     """Add the check ``timed-shapes`` to ``card``: each program the benchmark times, run here (no submitter
-    Python) on seeded inputs at its shape, forward and VJP, judged like the timed calls (``check_output``);
-    its hash joins the graded programs."""
+    Python) at its shape on inputs from ``entropy``, forward and VJP (output, dQ, dK, dV), judged like the
+    timed calls (``measure.timed_checks.check_output``); its hash joins the graded programs."""
     details, passed = [], True
     for case in templates:
         sig = case_signature(case)
         exported = programs[sig.key]
-        host = _fresh_inputs(case, seed + 1)(-100)[:3]
+        case_id = submitted_case_id(case)
+        host = _fresh_inputs(case, entropy)(-100)[:3]
         lengths = case.make_inputs()[3] if sig.has_lengths else None
         extra = (lengths,) if lengths is not None else ()
         try:
             out = exported.call(*host, *extra)
-            ok, detail = check_output(sig, [*host, *extra], out, backward=False, seed=seed)
-            ct = np.random.default_rng([seed, 11]).standard_normal(host[0].shape).astype(host[0].dtype)
+            ok, detail = check_output(sig, [*host, *extra], out, backward=False,
+                                      rng=check_rng(entropy, case_id, GRADE_CALL))
+            rng = check_rng(entropy, case_id, GRADE_CALL + 1)
+            ct = rng.standard_normal(host[0].shape, dtype=np.float32).astype(host[0].dtype)
             _, pull = jax.vjp(lambda q, k, v: exported.call(q, k, v, *extra), *host)
-            ok_dq, detail_dq = check_output(sig, [*host, ct], pull(ct), backward=True, seed=seed, lengths=lengths)
+            ok_dq, detail_dq = check_output(sig, [*host, ct], pull(ct), backward=True, rng=rng, lengths=lengths)
         except Exception as error:  # noqa: BLE001 - the program's failure is the check's verdict
             ok, ok_dq, detail, detail_dq = False, False, f"raised {type(error).__name__}: {error}"[:300], ""
         passed &= ok and ok_dq
-        details.append(f"{submitted_case_id(case)}: {detail}; {detail_dq}")
+        details.insert(len(details) if ok and ok_dq else 0, f"{case_id}: {detail}; {detail_dq}")  # failures first
     check = {"name": TIMED_SHAPES_CHECK, "passed": bool(passed), "points": 1.0 if passed else 0.0, "max_points": 1.0,
              "detail": " | ".join(details)[:2000], "error": None, "tolerance": None, "baseline_error": None}
     card = dict(card, checks=[*card["checks"], check])

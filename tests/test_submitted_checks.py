@@ -1,0 +1,99 @@
+"""The timed shapes' output checks (issue 26 follow-up): rows scattered over every batch element and dK/dV
+key rows, chosen by entropy drawn after the export, catch programs that are right only where a public
+seed would have looked; correct programs pass; the run records the entropy and the builder needs it."""
+import jax
+import jax.numpy as jnp
+import jsonschema
+import numpy as np
+import pytest
+
+from kernel_src.reference import reference_attention
+from tpu_kernel_records_tools.builder.submitted import check_submitted
+from tpu_kernel_records_tools.grading.export import Signature
+from tpu_kernel_records_tools.measure import timed_checks
+from tpu_kernel_records_tools.measure.timed_checks import check_output, check_rng, draw_entropy
+from tpu_kernel_records_tools.records import rawio
+
+ENTROPIES = ["0" * 32, "9" * 32, "deadbeef" * 4]
+LENGTHS = np.array([100, 128], np.int32)
+
+
+def _problem(dtype="bfloat16", batch=2, seq=128, heads=(4, 2), head_dim=16):
+    rng = np.random.default_rng(5)
+    dt = jnp.dtype(dtype)
+    q = rng.standard_normal((batch, seq, heads[0], head_dim), dtype=np.float32).astype(dt)
+    k, v = (rng.standard_normal((batch, seq, heads[1], head_dim), dtype=np.float32).astype(dt) for _ in "kv")
+    ct = rng.standard_normal(q.shape, dtype=np.float32).astype(dt)
+    lengths = LENGTHS[:batch]
+    sig = Signature.of_call(q, k, v, causal=True, kv_lengths=lengths)
+    out, pull = jax.vjp(lambda q, k, v: reference_attention(q, k, v, causal=True, kv_lengths=lengths), q, k, v)
+    return sig, (q, k, v, ct, lengths), np.asarray(out), [np.asarray(g) for g in pull(ct)]
+
+
+def _forward(sig, args, out, entropy):
+    q, k, v, _, lengths = args
+    return check_output(sig, [q, k, v, lengths], out, backward=False, rng=check_rng(entropy, "case", 0))
+
+
+def _backward(sig, args, grads, entropy):
+    q, k, v, ct, lengths = args
+    return check_output(sig, [q, k, v, ct], tuple(grads), backward=True, rng=check_rng(entropy, "case", 1),
+                        lengths=lengths)
+
+
+@pytest.fixture(params=["float64 truth", "float32 truth"])
+def truth_path(request, monkeypatch):
+    if request.param == "float32 truth":  # the device path model shapes take, forced at a tiny shape
+        monkeypatch.setattr(timed_checks, "EXACT_WORK", 0)
+    return request.param
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_correct_program_passes_on_every_entropy(dtype, truth_path):
+    sig, args, out, grads = _problem(dtype)
+    for entropy in ENTROPIES:
+        ok, detail = _forward(sig, args, out, entropy)
+        assert ok, detail
+        ok, detail = _backward(sig, args, grads, entropy)
+        assert ok and "dk of 64 key rows" in detail and "dv of 64 key rows" in detail, detail
+        assert truth_path.split()[0] + " truth" in detail or dtype == "float32"  # float32 inputs: always float64
+
+
+def test_rows_right_only_in_a_window_or_one_batch_element_are_caught():
+    sig, args, out, grads = _problem()
+    window = np.zeros_like(out)
+    window[0, 32:96] = out[0, 32:96]  # what one 64-row window of one batch element would have seen
+    one_batch = out.copy()
+    one_batch[1] = 0
+    for entropy in ENTROPIES:
+        assert not _forward(sig, args, window, entropy)[0]
+        assert not _forward(sig, args, one_batch, entropy)[0]
+        dq_window = np.zeros_like(grads[0])
+        dq_window[0, 32:96] = grads[0][0, 32:96]
+        assert not _backward(sig, args, [dq_window, *grads[1:]], entropy)[0]
+
+
+@pytest.mark.parametrize("zeroed", [1, 2], ids=["dk", "dv"])
+def test_a_vjp_with_zero_dk_or_dv_is_caught(zeroed, truth_path):
+    sig, args, _, grads = _problem()
+    for entropy in ENTROPIES:
+        bad = list(grads)
+        bad[zeroed] = np.zeros_like(bad[zeroed])
+        ok, detail = _backward(sig, args, bad, entropy)
+        verdicts = {part.split(" of ")[0]: part for part in detail.split("; ")}
+        assert not ok and " > tol" in verdicts[["dk", "dv"][zeroed - 1]], detail
+        assert " <= tol" in verdicts["dq"] and " <= tol" in verdicts[["dv", "dk"][zeroed - 1]], detail
+
+
+def test_entropy_is_fresh_and_its_record_is_required():
+    drawn = {draw_entropy() for _ in range(4)}
+    block = rawio.load_schema("correctness")["properties"]["submission"]
+    assert len(drawn) == 4 and all(jsonschema.Draft202012Validator(block["properties"]["check_entropy"])
+                                   .is_valid(e) for e in drawn)
+    assert "check_entropy" in block["required"]
+    run = {"environment": {"platform": "cpu", "interpret": True, "device_kind": "cpu"},
+           "benchmark": {"profile": "tiny", "cases": [], "pairs": []}, "manifest": {"files": {}},
+           "correctness": {"measured_candidate": "k1", "scorecards": [],
+                           "submission": {"name": "k1", "programs": []}}}
+    with pytest.raises(rawio.RunError, match=r"\[check-entropy\]"):
+        check_submitted(run, None)
