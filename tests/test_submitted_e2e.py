@@ -6,10 +6,12 @@ from pathlib import Path
 
 import pytest
 
+from tpu_kernel_records_tools.bench.submitted import checked_samples
 from tpu_kernel_records_tools.builder import rules
 from tpu_kernel_records_tools.grading import isolation
 from tpu_kernel_records_tools.grading.export import ProgramRefused
 from tpu_kernel_records_tools.measure.run import run_submitted
+from tpu_kernel_records_tools.measure.submission import TIMED_SHAPES_CHECK
 from tpu_kernel_records_tools.records import rawio
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(isolation.unavailable_reason() is not None,
@@ -104,6 +106,45 @@ def test_hostile_submissions_cannot_change_what_is_recorded(honest, tmp_path):
     for file in ("replay_fingerprint.py", "deferred.py"):  # need values, or return no array: no program
         with pytest.raises(ProgramRefused):
             measure(tmp_path, file, file.removesuffix(".py").replace("_", "-"))
+
+
+@pytest.mark.parametrize("file", ["rows_window.py", "zero_dkv.py"])
+def test_a_submission_honest_only_at_the_graders_shapes_is_refused(file, tmp_path):
+    """Right only in the rows a public seed used to check, or with zero dK/dV, at the timed shape alone: the
+    rubric passes it, the timed-shapes check (rows and key rows from the run's entropy) does not."""
+    run_dir = measure(tmp_path, file, file.removesuffix(".py").replace("_", "-"))
+    card = json.loads((run_dir / "correctness.json").read_text())["scorecards"][0]
+    failed = [c["name"] for c in card["checks"] if not c["passed"]]
+    assert failed == [TIMED_SHAPES_CHECK], failed
+    caught = "output of 64 rows" if file == "rows_window.py" else "dk of 64 key rows"
+    assert any(caught in part and " > tol" in part for part in card["checks"][-1]["detail"].split("; "))
+    with pytest.raises(rawio.RunError, match=r"\[correctness\]"):
+        accept(run_dir)
+
+
+def test_the_check_entropy_is_recorded_and_decides_the_checked_calls(honest, tmp_path):
+    entropy = json.loads((honest / "correctness.json").read_text())["submission"]["check_entropy"]
+    bench = json.loads((honest / "benchmark.json").read_text())
+    case = next(c for c in bench["cases"] if c["implementation"] == "submitted")
+    assert [c["sample"] for c in case["output_checks"]] == checked_samples(len(case["samples_ms"]), entropy,
+                                                                           case["case_id"])
+    other = next(f"{n:032x}" for n in range(1000) if checked_samples(len(case["samples_ms"]), f"{n:032x}",
+                                                                     case["case_id"]) != checked_samples(
+        len(case["samples_ms"]), entropy, case["case_id"]))
+
+    def set_entropy(value):
+        def edit(d):
+            doc = json.loads((d / "correctness.json").read_text())
+            if value is None:
+                del doc["submission"]["check_entropy"]
+            else:
+                doc["submission"]["check_entropy"] = value
+            (d / "correctness.json").write_bytes(rawio.dumps(doc))
+        return edit
+    with pytest.raises(rawio.RunError, match=r"\[output-check\]"):
+        accept(_rewrite(honest, tmp_path / "other", set_entropy(other)))
+    with pytest.raises(rawio.RunError, match="check_entropy"):
+        accept(_rewrite(honest, tmp_path / "none", set_entropy(None)))
 
 
 def test_a_pallas_submission_in_interpret_mode_becomes_a_record(tmp_path):
