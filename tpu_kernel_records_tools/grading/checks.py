@@ -24,6 +24,7 @@ the scale (scale, and every problem with an explicit scale).
 
 from __future__ import annotations
 
+import threading
 import zlib
 from dataclasses import dataclass, field
 from typing import Callable
@@ -181,6 +182,7 @@ class Context:
 
 
 _CACHE: dict = {}
+_BUILDING = threading.Lock()  # one check's problems are built at a time (a planning thread and the grade)
 CACHE_SEEDS = 4  # the problems (inputs, truth, baseline) of this many (seed, level) pairs are kept
 
 
@@ -188,6 +190,12 @@ def problems(ctx: Context, check: str, build: Callable[[Callable[[int], np.rando
     """``build(rng_of_trial)`` once per (seed, level, check); kept for the other candidates graded on the
     same seed (the most recent ``CACHE_SEEDS`` seeds and levels)."""
     key = (ctx.seed, ctx.level, check)
+    with _BUILDING:
+        return _problems(ctx, key, build)
+
+
+def _problems(ctx: Context, key: tuple, build: Callable) -> list:
+    check = key[2]
     if key not in _CACHE:
         recent = list(dict.fromkeys(k[:2] for k in _CACHE))  # insertion order: oldest first
         if key[:2] not in recent and len(recent) >= CACHE_SEEDS:
@@ -196,6 +204,36 @@ def problems(ctx: Context, check: str, build: Callable[[Callable[[int], np.rando
         _CACHE[key] = build(lambda trial: ctx.rng(check, trial))
         compute_ahead(_CACHE[key])
     return _CACHE[key]
+
+
+class _Planned(Exception):
+    """A planning run reached its first call of the candidate: the check's problems are built."""
+
+
+class _Planning(Context):
+    def forward(self, p: Problem, *, check_shape: bool = True) -> np.ndarray:
+        raise _Planned
+
+    def vjp(self, p: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        raise _Planned
+
+
+def plan_ahead(seed: int, level: str = "full") -> threading.Thread:
+    """Build every check's problems of ``(seed, level)`` on a thread of its own and queue their truths and
+    baselines for the threads that compute ahead (``grading.problems.compute_ahead``), so those work
+    through the whole grade from the worker's start on instead of a check at a time. Each check runs
+    until its first call of the candidate; an error is left for the graded run to meet and report. A
+    check that asks for its problems while they are being built waits for them (``problems``)."""
+    def run() -> None:
+        ctx = _Planning(None, seed, level=level)
+        for spec in CHECKS:
+            try:
+                spec.run(ctx)
+            except Exception:  # noqa: BLE001  _Planned, or a failure the graded run reports
+                pass
+    thread = threading.Thread(target=run, name="grading-plan", daemon=True)
+    thread.start()
+    return thread
 
 
 def check_output_shape_dtype(ctx: Context) -> Outcome:

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..grading import oracle
-from ..grading.candidates import reference
+from ..grading.candidates import jit_cpu, reference
 from ..grading.slots import (EXPLICIT_SCALE, GROUPS, HEAD_DIMS, LEVELS, ODD_HEAD_DIMS, QUICK,  # noqa: F401
                              QUICK_SLOTS, SERVING_SLOTS, SHAPES, SHORT, SLOT_FLAGS, SLOT_MIN_LENGTH,
                              SMALL_FLAGS, TILES, draw_lengths, draw_shapes, gradient_slot, serving_lengths,
@@ -195,7 +195,7 @@ def compute_ahead(found) -> None:
         _JOBS.put(lambda p=p: (p.baseline, p.grouped_baseline))
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "scale"))
+@functools.partial(jit_cpu, static_argnames=("causal", "scale"))
 def _reference_vjp(q, k, v, ct, kv_lengths, *, causal: bool, scale: float | None):
     """The reference's output and its gradients under ``ct``, compiled as one program per shape and flags."""
     out, pull = jax.vjp(lambda q, k, v: reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale),

@@ -133,6 +133,7 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     try:
         for seed in seeds:
             runner.new_scorecard()
+            C.plan_ahead(seed, level)  # the seed's problems are built while the worker starts and the checks run
             error = None if runner.alive else runner.start()
             if error is not None:
                 cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed,

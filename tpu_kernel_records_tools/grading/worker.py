@@ -8,7 +8,9 @@ descriptors. The worker then
    also ``RLIMIT_NPROC`` and ``RLIMIT_FSIZE``) before importing JAX,
 2. answers ``hello`` once JAX is imported (the grader does not count that start against the candidate),
 3. loads the candidate by its spec (a built-in name through ``grading.candidates.resolve``,
-   ``/abs/path.py:function`` or ``module:function``; or a function pickled by reference),
+   ``/abs/path.py:function`` or ``module:function``; or a function pickled by reference), after
+   adding ``grading.candidates.CPU_COMPILE_OPTIONS`` to ``XLA_FLAGS`` when the grader computes on a CPU
+   (the same results, compiled faster),
 4. serves ``forward`` (``out``) and ``vjp`` (``out, dq, dk, dv`` through ``jax.vjp``) requests, and
    ``export`` (the candidate's programs per call signature, ``grading.export``: shapes only, no values).
 
@@ -141,6 +143,14 @@ def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 
 
+def _add_xla_flags(options: dict) -> None:
+    """Add ``options`` to ``XLA_FLAGS`` (those it does not set already); XLA reads them when JAX's backend
+    starts, which importing JAX does not do."""
+    given = os.environ.get("XLA_FLAGS", "")
+    more = [f"--{name}={str(value).lower()}" for name, value in options.items() if f"--{name}=" not in given]
+    os.environ["XLA_FLAGS"] = " ".join([given, *more]).strip()
+
+
 class _Server:
     """Holds the candidate and answers requests. Helpers are bound before the candidate loads, so a
     candidate that rebinds NumPy or hashlib functions does not change how its results are reported."""
@@ -162,7 +172,9 @@ class _Server:
                 for a in arrays]
 
     def load(self, header: dict) -> dict:
-        from ..grading.candidates import CandidateLoadError, resolve
+        from ..grading.candidates import CPU_COMPILE_OPTIONS, CandidateLoadError, resolve
+        if header.get("cpu_compile"):  # the grader computes on a CPU, so does this worker: before the backend starts
+            _add_xla_flags(CPU_COMPILE_OPTIONS)
         try:
             if header.get("pickled"):
                 import base64

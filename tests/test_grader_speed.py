@@ -1,0 +1,112 @@
+"""What makes a grade faster without changing a verdict: XLA:CPU's classic fusion emitters for the
+reference's programs and the candidate's worker (``grading.candidates.CPU_COMPILE_OPTIONS``: the same
+bits, less compile time), and a seed's problems built and queued ahead while the worker starts
+(``grading.checks.plan_ahead``). The figures are ``scripts/time_rubric.py``'s, in the README."""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading import candidates, worker
+from tpu_kernel_records_tools.grading.candidates import CPU_COMPILE_OPTIONS, _reference_fn, reference
+from tpu_kernel_records_tools.grading.problems import _reference_vjp, normal
+from tpu_kernel_records_tools.grading.runner import Runner
+from kernel_src.contract import Dims
+from tests.grading_inprocess import grade
+
+FLAG = "--xla_cpu_use_fusion_emitters=false"
+
+
+def _vjp(q, k, v, ct, lengths, *, causal, scale):
+    out, pull = jax.vjp(lambda q, k, v: _reference_fn(q, k, v, lengths, causal=causal, scale=scale), q, k, v)
+    return (out, *pull(ct))
+
+
+@pytest.mark.parametrize("dtype,causal,lengths", [("bfloat16", True, True), ("float32", False, False)])
+def test_the_cpu_compile_options_give_the_reference_the_same_bits(dtype, causal, lengths):
+    p = normal(np.random.default_rng(3), Dims(3, 40, 200, 8, 2, 80), dtype, causal=causal, lengths=lengths,
+               grad=True)
+    args = (p.q, p.k, p.v, p.ct, p.kv_lengths)
+    plain = jax.jit(_vjp, static_argnames=("causal", "scale"))(*args, causal=causal, scale=None)
+    fast = jax.jit(_vjp, static_argnames=("causal", "scale"), compiler_options=CPU_COMPILE_OPTIONS)(
+        *args, causal=causal, scale=None)
+    for a, b in zip(plain, fast):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+
+
+def test_the_grader_compiles_under_the_options_on_a_cpu_and_still_composes():
+    assert candidates.cpu_compile_options() == (CPU_COMPILE_OPTIONS if jax.default_backend() == "cpu" else {})
+    p = normal(np.random.default_rng(4), Dims(2, 24, 72, 4, 2, 32), "float32", causal=True, grad=True)
+    top = reference(p.q, p.k, p.v, causal=True)
+    inside_jit = jax.jit(functools.partial(reference, causal=True))(p.q, p.k, p.v)  # a nested program
+    out, pull = jax.vjp(lambda q, k, v: reference(q, k, v, causal=True), p.q, p.k, p.v)
+    grads = _reference_vjp(p.q, p.k, p.v, p.ct, None, causal=True, scale=None)
+    assert np.array_equal(top, inside_jit) and np.array_equal(top, out) and np.array_equal(top, grads[0])
+    assert all(np.array_equal(a, b) for a, b in zip(pull(p.ct), grads[1:]))
+
+
+def test_the_worker_adds_the_options_to_xla_flags_once(monkeypatch):
+    monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
+    worker._add_xla_flags(CPU_COMPILE_OPTIONS)
+    worker._add_xla_flags(CPU_COMPILE_OPTIONS)
+    assert os.environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {FLAG}"
+    monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")  # the user's choice stands
+    worker._add_xla_flags(CPU_COMPILE_OPTIONS)
+    assert os.environ["XLA_FLAGS"] == "--xla_cpu_use_fusion_emitters=true"
+    monkeypatch.delenv("XLA_FLAGS")
+    worker._add_xla_flags(CPU_COMPILE_OPTIONS)
+    assert os.environ["XLA_FLAGS"] == FLAG
+
+
+CANDIDATE = '''
+import os
+from kernel_src.reference import reference_attention
+
+def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    if "{flag}" not in os.environ.get("XLA_FLAGS", ""):
+        raise RuntimeError("compiled without the grader's CPU options: " + os.environ.get("XLA_FLAGS", ""))
+    return reference_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+'''
+
+
+@pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are for a CPU only")
+def test_a_cpu_grade_starts_its_worker_with_the_options(tmp_path):
+    path = tmp_path / "flags.py"
+    path.write_text(CANDIDATE.format(flag=FLAG))
+    runner = Runner(f"{path}:attention", isolation="process", time_limit_s=120)
+    try:
+        assert runner.start() is None, runner.down
+        p = normal(np.random.default_rng(5), Dims(1, 8, 16, 2, 1, 16), "float32")
+        assert runner.forward(p).shape == p.q.shape
+    finally:
+        runner.close()
+
+
+def test_plan_ahead_builds_every_checks_problems_which_the_grade_then_uses():
+    seed = 9001  # no other test grades it: its problems are built here
+    assert not [k for k in C._CACHE if k[:2] == (seed, "quick")]
+    C.plan_ahead(seed, "quick").join(timeout=120)
+    planned = {k[2]: v for k, v in C._CACHE.items() if k[:2] == (seed, "quick")}
+    assert set(planned) == {spec.name for spec in C.CHECKS}
+    assert all(planned.values())
+    used = []
+    original = C.problems
+
+    def recording(ctx, check, build):
+        used.append(original(ctx, check, build))
+        return used[-1]
+
+    try:
+        C.problems = recording
+        card = grade("reference", seed=seed, level="quick")
+    finally:
+        C.problems = original
+    assert card.passed, card.failed
+    assert len(used) == len(C.CHECKS) and all(any(u is v for v in planned.values()) for u in used)
