@@ -156,7 +156,7 @@ def refusal(message: str, out: Any) -> Callable[..., Any]:
         return refused(*args), args
 
     def bwd(args, _):
-        floats = [a if jnp.issubdtype(a.dtype, jnp.inexact) else None for a in args]
+        floats = [a if a is not None and jnp.issubdtype(a.dtype, jnp.inexact) else None for a in args]
         grads = refuse_like([a for a in floats if a is not None], *jax.tree.leaves(args))
         it = iter(grads)
         return tuple(None if a is None else next(it) for a in floats)

@@ -13,6 +13,7 @@ Example::
 from __future__ import annotations
 
 import dataclasses
+import functools
 import importlib
 from typing import Any, Callable, Literal
 
@@ -37,6 +38,7 @@ class Implementation:
         scope (``[batch, heads, q_len, kv_len]`` logits in, fp32 probabilities out).
       contract: whether ``load()`` gives ``attention(q, k, v, *, causal, kv_lengths, scale)``;
         ``sharded`` instead takes the contract kernel to shard as its first argument.
+      options: keyword arguments ``load()`` binds to the callable (a kernel family's variant).
     """
 
     name: str
@@ -49,10 +51,12 @@ class Implementation:
     platforms: tuple[str, ...] | None = None
     softmax_target: str | None = None
     contract: bool = True
+    options: tuple[tuple[str, Any], ...] = ()
 
     def load(self) -> Callable[..., Any]:
-        """The callable itself (imports its module now)."""
-        return _resolve(self.target)
+        """The callable itself (imports its module now), with ``options`` bound."""
+        fn = _resolve(self.target)
+        return functools.partial(fn, **dict(self.options)) if self.options else fn
 
     def load_softmax(self) -> Callable[..., Any]:
         """The masked softmax of the ``softmax`` scope; ``ValueError`` if it has none."""
@@ -84,6 +88,12 @@ IMPLEMENTATIONS: dict[str, Implementation] = {impl.name: impl for impl in (
         "flash", "kernel_src.flash:flash_attention", "kernel",
         "Fused Pallas flash attention: online softmax forward, log-sum-exp backward.",
         scopes=("flash",), pallas=True, grading_name="flash"),
+    Implementation(
+        "flash-triton", "kernel_src.flash:flash_attention", "kernel",
+        "The flash kernels' GPU family (variant='triton', in-kernel loops), graded in interpret mode on a "
+        "CPU; on a GPU the flash entry runs it compiled.",
+        scopes=(), pallas=True, grading_name="flash-triton", platforms=("cpu", "gpu"),
+        options=(("variant", "triton"),)),
     Implementation(
         "cudnn", "kernel_src.vendor:cudnn_attention", "vendor",
         "cuDNN fused attention via jax.nn.dot_product_attention(implementation='cudnn').",

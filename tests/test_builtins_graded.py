@@ -6,8 +6,8 @@ can afford dozens of candidates): there every correct built-in -- the reference,
 (masked-softmax path and fused flash, forward and gradients, interpret mode) and every correct
 variant -- passes, and every known-bad built-in is rejected by its intended check. Here the pure-JAX
 built-ins and the project's sharded entry point go through the real rubric end to end (worker process,
-transfer of inputs and results, scorecard), and a kernel that ignores ``scale=`` is rejected by the
-scale check.
+transfer of inputs and results, scorecard), as does the flash kernels' GPU (Triton) family in interpret
+mode, and a kernel that ignores ``scale=`` is rejected by the scale check.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _failures(card) -> list[tuple[str, str]]:
 
 def test_the_roster_holds_what_the_project_ships():
     correct = {n for n, c in BUILTIN.items() if c.kind in ("reference", "kernel", "correct-variant")}
-    assert {"reference", "pallas", "flash", *PURE_JAX} <= correct
+    assert {"reference", "pallas", "flash", "flash-triton", *PURE_JAX} <= correct
     assert sum(c.kind == "known-bad" for c in BUILTIN.values()) >= 12
 
 
@@ -58,3 +58,12 @@ def test_a_kernel_that_ignores_an_explicit_scale_fails_the_scale_check():
     card = grade(f"{ADAPTERS}:ignores_scale", seed=0, **QUICK)
     failed = {c.name for c in card.checks if not c.passed}
     assert "scale" in failed, sorted(failed)
+
+
+@pytest.mark.parametrize("level", ["quick", pytest.param("full", marks=pytest.mark.slow)])
+def test_the_gpu_flash_family_passes_in_interpret_mode(level):
+    """``flash_attention(..., variant="triton")``, the kernels a GPU runs, interpreted on this CPU and graded
+    like the TPU family (``flash``): a correct built-in, forward and gradients."""
+    card = grade("flash-triton", seed=0, level=level)
+    assert card.error is None, card.error
+    assert card.passed and card.score == card.max_score, _failures(card)
