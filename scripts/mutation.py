@@ -55,7 +55,7 @@ TARGETS = {t.name: t for t in (
     Target("truth", f"{PKG}/grading/oracle.py", ("tests/test_truth.py",), 20),
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
     Target("checks", f"{PKG}/grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
-                                                "tests/test_checks_quick.py"), 20),
+                                                "tests/test_checks_quick.py", "tests/test_grader_speed.py"), 20),
     Target("rules", f"{PKG}/builder/rules.py",
            ("tests/test_rule_refusals.py", "tests/test_rule_refusals_compiled_tpu.py"), 20),
     Target("derive", f"{PKG}/builder/derive.py", ("tests/test_rule_refusals.py", "tests/test_verify.py"), 8),
