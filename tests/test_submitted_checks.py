@@ -15,7 +15,6 @@ from tpu_kernel_records_tools.measure.timed_checks import check_output, check_rn
 from tpu_kernel_records_tools.records import rawio
 
 ENTROPIES = ["0" * 32, "9" * 32, "deadbeef" * 4]
-LENGTHS = np.array([100, 128], np.int32)
 
 
 def _problem(dtype="bfloat16", batch=2, seq=128, heads=(4, 2), head_dim=16):
@@ -24,7 +23,7 @@ def _problem(dtype="bfloat16", batch=2, seq=128, heads=(4, 2), head_dim=16):
     q = rng.standard_normal((batch, seq, heads[0], head_dim), dtype=np.float32).astype(dt)
     k, v = (rng.standard_normal((batch, seq, heads[1], head_dim), dtype=np.float32).astype(dt) for _ in "kv")
     ct = rng.standard_normal(q.shape, dtype=np.float32).astype(dt)
-    lengths = LENGTHS[:batch]
+    lengths = np.array([seq - seq // 4, seq], np.int32)[:batch]
     sig = Signature.of_call(q, k, v, causal=True, kv_lengths=lengths)
     out, pull = jax.vjp(lambda q, k, v: reference_attention(q, k, v, causal=True, kv_lengths=lengths), q, k, v)
     return sig, (q, k, v, ct, lengths), np.asarray(out), [np.asarray(g) for g in pull(ct)]
@@ -97,3 +96,30 @@ def test_entropy_is_fresh_and_its_record_is_required():
                            "submission": {"name": "k1", "programs": []}}}
     with pytest.raises(rawio.RunError, match=r"\[check-entropy\]"):
         check_submitted(run, None)
+
+
+def test_the_row_truth_is_the_oracles_at_every_row_and_key_row():
+    from tpu_kernel_records_tools.grading import oracle
+
+    sig, (q, k, v, ct, lengths), _, _ = _problem("float32", seq=40)
+    truth = oracle.attention(q, k, v, ct, causal=True, kv_lengths=lengths)
+    limits = timed_checks.key_limits(sig, lengths)
+    keys = np.array([0, 7, 39])
+    logit_max = 0.0
+    for b in range(2):
+        for head in range(2):
+            heads = slice(2 * head, 2 * head + 2)
+            parts = (q[b, :, heads].swapaxes(0, 1), k[b, :, head], v[b, :, head], ct[b, :, heads].swapaxes(0, 1))
+            rows = timed_checks._rows_in(True, parts, limits[b], None)
+            at_keys = timed_checks._rows_in(True, parts, limits[b], None, keys)
+            for name, got in [("out", rows.out), ("dq", rows.dq)]:
+                np.testing.assert_allclose(got.swapaxes(0, 1), getattr(truth, name)[b, :, heads], atol=1e-12)
+                np.testing.assert_allclose(getattr(rows, name + "_mag").swapaxes(0, 1),
+                                           truth.magnitude[name][b, :, heads], atol=1e-12)
+            for name in ("dk", "dv"):
+                np.testing.assert_allclose(getattr(at_keys, name).sum(0), getattr(truth, name)[b, keys, head],
+                                           atol=1e-12)
+                np.testing.assert_allclose(getattr(at_keys, name + "_mag"), truth.magnitude[name][b, keys, head],
+                                           atol=1e-12)
+            logit_max = max(logit_max, rows.logit_max)
+    assert logit_max == pytest.approx(truth.logit_max, rel=1e-12)

@@ -8,10 +8,12 @@ timed calls whose outputs are checked (``bench.submitted.checked_samples``) and,
 (:func:`check_output`):
 
 * ``ROWS`` (batch element, query row) pairs scattered over every batch element: the output, or dQ, of
-  each row against the float64 oracle (``grading.oracle``). A query row against the keys it sees is a
-  problem of its own with q_len 1, exactly: causal becomes a key length ``min(length, i + kv_len - q_len
-  + 1)``, so every row has the same shapes and the contract-precision baseline (the reference, one row
-  at a time under ``lax.map``) compiles once;
+  each row. A query row against the keys it sees is a problem of its own with q_len 1, exactly: causal
+  becomes a key length ``min(length, i + kv_len - q_len + 1)``, so every row has the same shapes and the
+  contract-precision baseline (the reference, one row at a time under ``lax.map``) compiles once. The
+  truth is :func:`_rows`, the oracle's (``grading.oracle``) formulas at per-row key lengths, a batch
+  element's rows at once: the oracle called per row took 0.84 s a row at seq 16384 on this CPU (its
+  q_len-1 products are matrix-vector ones), 54 s a check; tests hold ``_rows`` to the oracle;
 * for a forward + backward: ``ROWS`` key rows of one (batch element, kv head), dK and dV there
   (:func:`key_rows`).
 
@@ -77,24 +79,51 @@ def check_output(sig, host: list[np.ndarray], out: Any, *, backward: bool, rng: 
 
 
 def query_rows(sig, q, k, v, ct, b, i, limits, got):
-    """The verdict on rows ``(b, i)`` of the output (``ct`` None) or of dQ, judged one row at a time."""
-    from ..grading import oracle, tolerance
+    """The verdict on rows ``(b, i)`` of the output (``ct`` None) or of dQ: truth per (batch element, kv
+    head) from :func:`_rows` (precision as :func:`key_rows` says), the reference's rows as the baseline."""
+    from ..grading import tolerance
 
-    truths = []
-    for bj, ij, lim in zip(b, i, limits):
-        keys = slice(0, max(1, int(lim)))
-        truths.append(oracle.attention(q[bj:bj + 1, ij:ij + 1], k[bj:bj + 1, keys], v[bj:bj + 1, keys],
-                                       None if ct is None else ct[bj:bj + 1, ij:ij + 1], scale=sig.scale,
-                                       kv_lengths=np.array([lim], np.int32)))
-    what = "output" if ct is None else "dq"
+    num_kv = k.shape[2]
+    group = q.shape[2] // num_kv
+    exact = _exact(sig, len(b) * q.shape[2] * k.shape[1] * q.shape[3])
     field = "out" if ct is None else "dq"
-    expected = np.concatenate([getattr(t, field)[0] for t in truths])
-    magnitude = np.concatenate([t.magnitude[field][0] for t in truths])
+    expected, magnitude = np.zeros(got.shape), np.zeros(got.shape)
+    logit_max = 0.0
+    for batch_element in np.unique(b):
+        sel = np.flatnonzero(b == batch_element)
+        for head in range(num_kv):
+            heads = slice(head * group, (head + 1) * group)
+            q_rows, ct_rows = (None if x is None else x[batch_element, i[sel]][:, heads].swapaxes(0, 1)
+                               for x in (q, ct))
+            parts = (q_rows, k[batch_element, :, head], v[batch_element, :, head], ct_rows)
+            rows = _rows_in(exact, parts, limits[sel], sig.scale)
+            expected[sel, heads] = np.asarray(getattr(rows, field), np.float64).swapaxes(0, 1)
+            magnitude[sel, heads] = np.asarray(getattr(rows, field + "_mag"), np.float64).swapaxes(0, 1)
+            logit_max = max(logit_max, rows.logit_max)
     baseline = np.asarray(_reference_rows(q[b, i], q[b, i] if ct is None else ct[b, i], k, v, b,
                                           np.asarray(limits, np.int32), scale=sig.scale, backward=ct is not None))
-    rows = f"{what} of {len(b)} rows over {len(set(b.tolist()))} batch elements"
-    return tolerance.judge(rows, got, expected, baseline, sig.dtype, gradient=ct is not None,
-                           magnitude=magnitude, logit_scale=max(t.logit_max for t in truths))
+    label = (f"{'output' if ct is None else 'dq'} of {len(b)} rows over {len(set(b.tolist()))} batch elements "
+             f"({'float64' if exact else 'float32'} truth)")
+    return tolerance.judge(label, got, expected, baseline, sig.dtype, gradient=ct is not None,
+                           magnitude=magnitude, logit_scale=logit_max)
+
+
+def _exact(sig, work: int) -> bool:
+    return sig.dtype == "float32" or work <= EXACT_WORK
+
+
+def _rows_in(exact: bool, parts, limits, scale, keys=None) -> "Rows":
+    """:func:`_rows` in float64 NumPy (``exact``) or in float32 on the default device at HIGHEST."""
+    if exact:
+        return _rows([None if x is None else np.asarray(x, np.float64) for x in parts], limits, scale, np,
+                     np.matmul, keys)
+    n = parts[0].shape[1]
+    pad = max(0, ROWS - n)  # a check's rows of one batch element, padded with rows that see no key: one compile
+    q, k, v, ct = (None if x is None else jnp.asarray(np.asarray(x, np.float32)) for x in parts)
+    q, ct = (None if x is None else jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, ct))
+    rows = _rows((q, k, v, ct), np.pad(limits, (0, pad)), scale, jnp, partial(jnp.matmul, precision=_HIGHEST), keys)
+    return Rows(*(None if x is None else np.asarray(x)[:, :n] for x in rows[:4]),
+                *(None if x is None else np.asarray(x) for x in rows[4:-1]), rows.logit_max)
 
 
 @partial(jax.jit, static_argnames=("scale", "backward"))
@@ -114,10 +143,16 @@ def _reference_rows(q_rows, ct_rows, k, v, batch_index, limits, *, scale, backwa
     return jax.lax.map(one, (q_rows, ct_rows, batch_index, limits))
 
 
-class KeyRows(NamedTuple):
-    dk: Any          # [group, n, head_dim]: each query head's share of dK at the key rows
+class Rows(NamedTuple):
+    """What :func:`_rows` computes: per query row ``[group, n, head_dim]`` (``None`` where not asked),
+    per key row each query head's share ``[group, keys, head_dim]``, and magnitudes (``grading.oracle``)."""
+    out: Any
+    out_mag: Any
+    dq: Any
+    dq_mag: Any
+    dk: Any
     dv: Any
-    dk_mag: Any      # [n, head_dim]: the magnitudes of the group's sums (``grading.oracle.Truth``)
+    dk_mag: Any      # [keys, head_dim]: the magnitude of the group's sum
     dv_mag: Any
     logit_max: float
 
@@ -125,18 +160,18 @@ class KeyRows(NamedTuple):
 def key_rows(sig, q, k, v, ct, out, limits, rng) -> list:
     """Verdicts on dK and dV at ``ROWS`` random key rows of a random (batch element, kv head).
 
-    Their exact values need every query row's softmax statistics over all its keys, so
-    :func:`_key_rows` computes them for that batch element and the kv head's group of query heads, a
-    chunk of query rows at a time (``CHUNK_LOGITS``). The truth is float64 NumPy when the input is
-    float32 or the work (``group * q_len * kv_len * head_dim``) is at most ``EXACT_WORK`` (about a second
-    of CPU); beyond that (bfloat16 model shapes, up to seq 16384 on a TPU v5e, which has no float64) it
-    is float32 on the default device at ``precision=HIGHEST``. There its error (float32 logits and
-    sums over n keys: about ``sqrt(n) * 2**-24`` relative, ~1e-5 at n = 16384, plus ``|logit| * 2**-24``)
-    is two to three orders of magnitude below the tolerance of a bfloat16 output (``k`` times the
-    baseline's rounding error, ~2**-9 relative), so it cannot decide a verdict. The baseline is always
-    that float32 computation rounded to the input dtype (the contract's precision, as the reference's
-    VJP rounds its fp32 dK/dV), and, for bfloat16 with groups, also each query head's share rounded
-    before the group sum (``tolerance.judge(alternative=...)``)."""
+    Their exact values need every query row's softmax statistics over all its keys, so :func:`_rows`
+    computes them for that batch element and the kv head's group of query heads, a chunk of query rows at
+    a time (``CHUNK_LOGITS``). The truth (here and in :func:`query_rows`) is float64 NumPy when the input
+    is float32 or the work (``group * q_len * kv_len * head_dim``) is at most ``EXACT_WORK`` (about a
+    second of CPU); beyond that (bfloat16 model shapes, up to seq 16384 on a TPU v5e, which has no
+    float64) it is float32 on the default device at ``precision=HIGHEST``. There its error (float32
+    logits and sums over n keys: about ``sqrt(n) * 2**-24`` relative, ~1e-5 at n = 16384, plus
+    ``|logit| * 2**-24``) is two to three orders of magnitude below the tolerance of a bfloat16 result
+    (``k`` times the baseline's rounding error, ~2**-9 relative), so it cannot decide a verdict. The
+    baseline is always that float32 computation rounded to the input dtype (the contract's precision, as
+    the reference's VJP rounds its fp32 dK/dV), and, for bfloat16 with groups, also each query head's
+    share rounded before the group sum (``tolerance.judge(alternative=...)``)."""
     from ..grading import tolerance
 
     batch, q_len, num_q, head_dim = q.shape
@@ -147,12 +182,9 @@ def key_rows(sig, q, k, v, ct, out, limits, rng) -> list:
     heads = slice(head * group, (head + 1) * group)
     parts = (q[b, :, heads].swapaxes(0, 1), k[b, :, head], v[b, :, head], ct[b, :, heads].swapaxes(0, 1))
     dtype = np.asarray(q[:0]).dtype
-    on_device = _key_rows([jnp.asarray(np.asarray(x, np.float32)) for x in parts], limits[b], keys, sig.scale,
-                          jnp, partial(jnp.matmul, precision=_HIGHEST))
-    fp32 = KeyRows(*(np.asarray(x) for x in on_device[:4]), on_device.logit_max)
-    exact = sig.dtype == "float32" or group * q_len * kv_len * head_dim <= EXACT_WORK
-    truth = (_key_rows([np.asarray(x, np.float64) for x in parts], limits[b], keys, sig.scale, np, np.matmul)
-             if exact else fp32)
+    fp32 = _rows_in(False, parts, limits[b], sig.scale, keys)
+    exact = _exact(sig, group * q_len * kv_len * head_dim)
+    truth = _rows_in(True, parts, limits[b], sig.scale, keys) if exact else fp32
     got = [np.asarray(jax.device_get(x))[b, keys, head] for x in out[1:3]]
     grouped = group > 1 and sig.dtype != "float32"
     verdicts = []
@@ -167,36 +199,50 @@ def key_rows(sig, q, k, v, ct, out, limits, rng) -> list:
     return verdicts
 
 
-def _key_rows(parts, limits, keys, scale, xp, mm) -> KeyRows:
-    """dK and dV of one kv head at key rows ``keys`` from query heads ``q`` ``[group, q_len, d]``,
-    keys and values ``[kv_len, d]`` and cotangent ``[group, q_len, d]``; row ``i`` sees keys below
-    ``limits[i]``. In ``xp``'s arrays and ``mm``'s products (the oracle's formulas)."""
+def _rows(parts, limits, scale, xp, mm, keys=None) -> Rows:
+    """The contract at query rows ``q`` ``[group, n, d]`` of one kv head (keys, values ``[kv_len, d]``,
+    cotangent ``[group, n, d]`` or None), row ``r`` seeing the keys below ``limits[r]``, in ``xp``'s arrays
+    and ``mm``'s products, by the oracle's formulas: each row's output and dQ (``keys`` None), or dK and dV
+    at key rows ``keys`` from these query rows (all of them, for the exact values)."""
     q, k, v, ct = parts
-    group, q_len, head_dim = q.shape
+    group, n, head_dim = q.shape
     kv_len = k.shape[0]
     scale = head_dim ** -0.5 if scale is None else scale
-    kj, vj, abs_v = k[keys], v[keys], xp.abs(v)
+    abs_k, abs_v = xp.abs(k), xp.abs(v)
+    per_row = {name: [] for name in ("out", "out_mag", "dq", "dq_mag")}
     dk = dv = dk_mag = dv_mag = 0.0
     logit_max = 0.0
     step = max(1, CHUNK_LOGITS // (group * kv_len))
-    for start in range(0, q_len, step):
+    for start in range(0, n, step):
         rows = slice(start, start + step)
-        qc, dc = q[:, rows], ct[:, rows]
+        qc = q[:, rows]
         visible = xp.arange(kv_len)[None, :] < xp.asarray(limits[rows])[:, None]
-        s = mm(qc, k.T) * scale
+        s = mm(qc, k.T) * scale                                            # [group, rows, kv_len]
         logit_max = max(logit_max, float(xp.max(xp.where(visible, xp.abs(s), 0.0))))
         s = xp.where(visible, s, -xp.inf)
         m = xp.max(s, axis=-1, keepdims=True)
         e = xp.where(visible, xp.exp(s - xp.where(xp.isfinite(m), m, 0.0)), 0.0)
         total = e.sum(axis=-1, keepdims=True)
         p = e / xp.where(total > 0, total, 1.0)
-        delta = (dc * mm(p, v)).sum(axis=-1, keepdims=True)
-        delta_mag = (xp.abs(dc) * mm(p, abs_v)).sum(axis=-1, keepdims=True)
-        pj = p[..., keys].swapaxes(-1, -2)                                 # [group, n, rows]
-        ds = pj * (mm(vj, dc.swapaxes(-1, -2)) - delta.swapaxes(-1, -2))
-        ds_mag = pj * (mm(xp.abs(vj), xp.abs(dc).swapaxes(-1, -2)) + delta_mag.swapaxes(-1, -2))
+        out, out_mag = mm(p, v), mm(p, abs_v)
+        if keys is None:
+            per_row["out"].append(out)
+            per_row["out_mag"].append(out_mag)
+        if ct is None:
+            continue
+        dc = ct[:, rows]
+        delta = (dc * out).sum(axis=-1, keepdims=True)
+        delta_mag = (xp.abs(dc) * out_mag).sum(axis=-1, keepdims=True)
+        if keys is None:
+            per_row["dq"].append(mm(p * (mm(dc, v.T) - delta), k) * scale)
+            per_row["dq_mag"].append(mm(p * (mm(xp.abs(dc), abs_v.T) + delta_mag), abs_k) * scale)
+            continue
+        pj = p[..., keys].swapaxes(-1, -2)                                 # [group, keys, rows]
+        ds = pj * (mm(v[keys], dc.swapaxes(-1, -2)) - delta.swapaxes(-1, -2))
+        ds_mag = pj * (mm(abs_v[keys], xp.abs(dc).swapaxes(-1, -2)) + delta_mag.swapaxes(-1, -2))
         dv = dv + mm(pj, dc)
         dk = dk + mm(ds, qc) * scale
         dv_mag = dv_mag + mm(pj, xp.abs(dc)).sum(axis=0)
         dk_mag = dk_mag + (mm(ds_mag, xp.abs(qc)) * scale).sum(axis=0)
-    return KeyRows(dk, dv, dk_mag, dv_mag, logit_max)
+    joined = {name: xp.concatenate(parts_, axis=1) if parts_ else None for name, parts_ in per_row.items()}
+    return Rows(**joined, dk=dk, dv=dv, dk_mag=dk_mag, dv_mag=dv_mag, logit_max=logit_max)
