@@ -64,6 +64,27 @@ def test_a_correct_submission_becomes_a_record_and_a_leaderboard_row(honest, tmp
     assert len(rows) == 1 and rows[0]["source"] == "submitted" and rows[0]["interpret"]
     text = card_path.read_text()
     assert "`pure-jax`" in text and "not kernel speed" in text and rows[0]["record_id"] in text
+    _loads_from_a_staged_release(tmp_path, data, card_path, acc)
+
+
+def _loads_from_a_staged_release(tmp_path, data, card_path, acc):
+    """load_dataset of the staged release returns the submission's row, program hashes and file hash."""
+    import datasets
+    from tpu_kernel_records_tools.builder.publish import stage
+
+    staged = stage(Path(__file__).parents[1], tmp_path / "staged", data_dir=data, card_path=card_path)
+    load = lambda config: datasets.load_dataset(str(staged), config, split="train",  # noqa: E731
+                                                cache_dir=str(tmp_path / "cache"))
+    submission = acc.run["correctness"]["submission"]
+    timed = [r for r in load("benchmark") if r["implementation"] == "submitted"]
+    assert len(timed) == 1 and timed[0]["program_sha256"] in {p["sha256"] for p in submission["programs"]}
+    assert timed[0]["output_checks"] and all(c["passed"] for c in timed[0]["output_checks"])
+    graded = {tuple(r["programs"]) for r in load("correctness") if r["candidate"] == "pure-jax"}
+    assert graded == {tuple(acc.run["correctness"]["scorecards"][0]["programs"])}
+    assert timed[0]["program_sha256"] in next(iter(graded))
+    (env,) = load("environment")
+    assert env["source"] == "submitted" and env["submission_file_sha256"] == submission["file_sha256"]
+    assert len(env["submission_file_sha256"]) == 64 and env["submission_spec"] == "pure_jax.py:attention"
 
 
 def test_a_tampered_program_file_is_refused(honest, tmp_path):
