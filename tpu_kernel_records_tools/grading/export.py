@@ -97,6 +97,7 @@ def export_programs(fn, signatures: list[dict], platform: str) -> tuple[dict, li
     """The worker's ``export`` op: each signature's serialized program as a uint8 array, or the first
     failure as ``{"ok": False, "error": ...}``."""
     import jax
+    import jax.export  # noqa: F401 - not an attribute of jax 0.6.2 until imported
 
     out = []
     for raw in signatures:
@@ -133,6 +134,7 @@ def custom_calls(mlir_text: str) -> set[str]:
 def load_program(data: bytes, sig: Signature, platform: str):
     """Deserialize one program and check it (see module doc); returns the ``jax.export.Exported``."""
     import jax
+    import jax.export  # noqa: F401 - not an attribute of jax 0.6.2 until imported
 
     try:
         exported = jax.export.deserialize(bytearray(data))
