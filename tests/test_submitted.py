@@ -109,3 +109,36 @@ def test_roofline_floor_and_median_interval():
     low, high = median_ci([float(x) for x in range(1, 21)])
     assert low <= 10.5 <= high and (low, high) == (6.0, 15.0)  # binomial(20, 1/2): ranks 6..15 cover 95.9%
     assert median_ci([1.0, 2.0]) == (None, None)
+
+
+def _scorecard_run(profile: str, level: str, platform: str = "tpu", interpret: bool = False) -> dict:
+    digest = "a" * 64
+    program = {"sha256": digest, "path": program_path(digest), "grading": True, "cases": []}
+    return {"manifest": {"files": {}}, "environment": {"platform": platform, "interpret": interpret, "device_kind": "TPU v5 lite"},
+            "benchmark": {"profile": profile, "cases": [{"interpret": interpret}], "pairs": []},
+            "correctness": {"measured_candidate": "mine", "submission": {"name": "mine", "programs": [program]},
+                            "scorecards": [{"candidate": "mine", "level": level, "programs": [digest]}]}}
+
+
+@pytest.mark.parametrize("profile", ["tpu-v5e", "gpu"])
+def test_a_device_profile_submission_must_be_graded_at_the_full_level(profile):
+    from tpu_kernel_records_tools.builder import submitted
+    from tpu_kernel_records_tools.records.rawio import RunError
+
+    programs = {"a" * 64: {"grading": True}}
+    assert submitted._graded(_scorecard_run(profile, "full"), programs) == {"a" * 64}
+    with pytest.raises(RunError, match=r"\[graded-level\].*'quick'"):
+        submitted._graded(_scorecard_run(profile, "quick"), programs)
+    assert submitted._graded(_scorecard_run("tiny", "quick"), programs) == {"a" * 64}  # a CPU try-out
+
+
+@pytest.mark.parametrize("platform, interpret", [("cpu", False), ("tpu", True)])
+def test_a_device_profile_timed_on_a_cpu_or_in_interpret_mode_is_refused(platform, interpret):
+    from tpu_kernel_records_tools.builder import submitted
+    from tpu_kernel_records_tools.records.rawio import RunError
+
+    with pytest.raises(RunError, match=r"\[interpret-profile\]"):
+        submitted.check_submitted(_scorecard_run("tpu-v5e", "full", platform, interpret), read_file=None)
+    with pytest.raises(RunError) as later:  # the same run on a device passes that rule (and meets a later one)
+        submitted.check_submitted(_scorecard_run("tpu-v5e", "full"), read_file=None)
+    assert "[interpret-profile]" not in str(later.value)

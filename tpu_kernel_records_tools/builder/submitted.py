@@ -6,6 +6,8 @@ samples), a submitted run is a record only if:
 * ``program-file``: every program listed is a file of the run at ``programs/<sha256>.jaxexport`` whose
   bytes have that sha256 (a program replaced after the run, manifest and all, is refused);
 * ``graded-programs``: the scorecard names the programs it graded, all of them listed for grading;
+* ``graded-level``: under a TPU or GPU profile the scorecard is the rubric's full level (``--level
+  quick`` is for trying a submission on a CPU, whose rows are labelled apart as not kernel speed);
 * ``timed-not-graded``: every timed case's program is one of the graded programs (the same bytes) and
   is listed for that case, at that case's shape;
 * ``interpret-profile``: no case ran in interpret mode, nor on a CPU, under a TPU or GPU profile;
@@ -73,6 +75,9 @@ def _graded(run: dict[str, Any], programs: dict[str, dict[str, Any]]) -> set[str
     name = run["correctness"]["measured_candidate"]
     for i, card in enumerate(run["correctness"]["scorecards"]):
         if card["candidate"] == name:
+            if run["benchmark"]["profile"] in DEVICE_PROFILES and card.get("level") != "full":
+                _fail("graded-level", "correctness.json", f"scorecards/{i}/level",
+                      f"a device profile's submission is graded at the full level, not {card.get('level')!r}")
             graded = card.get("programs") or []
             for digest in graded:
                 if digest not in programs or not programs[digest]["grading"]:
