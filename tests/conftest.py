@@ -13,17 +13,6 @@ from tpu_kernel_records_tools.grading.problems import Problem
 from kernel_src.backend import reset_tpu_interpret_state, tpu_interpret_params
 
 
-# Modules whose tests share an expensive module-scoped fixture (a rubric run, a measure run, a mesh):
-# under pytest-xdist their tests stay on one worker, so the fixture is built once, not once per worker.
-ONE_WORKER_MODULES = ("test_sandbox.py", "test_measure_run.py", "test_sharded.py")
-
-
-def pytest_collection_modifyitems(config, items):
-    for item in items:
-        if item.path.name in ONE_WORKER_MODULES:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
-
-
 def _attention_inputs(batch, q_len, kv_len, q_heads, kv_heads, head_dim, dtype=jnp.float32, seed=0):
     """Random ``(q, k, v, do)`` in the contract layout; ``do`` is an fp32 output cotangent."""
     kq, kk, kv, kd = jax.random.split(jax.random.key(seed), 4)
