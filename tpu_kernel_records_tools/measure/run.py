@@ -45,6 +45,20 @@ def _unique_dir(path: Path) -> Path:
     return candidate
 
 
+def _settings(out: Path | None, profile: str | None, warmups: int | None, samples: int | None
+              ) -> tuple[str, Profile, int, int]:
+    """The platform, profile and per-case counts of a run; refuses bad counts and an existing ``out``."""
+    platform = jax.default_backend()
+    prof = get_profile(profile or default_profile(platform))
+    warmups = prof.warmups if warmups is None else warmups
+    samples = prof.samples if samples is None else samples
+    if warmups < 0 or samples < 1:
+        raise ValueError(f"need warmups >= 0 and samples >= 1, got {warmups} and {samples}")
+    if out is not None and Path(out).exists():
+        raise FileExistsError(f"run folder {out} already exists; refusing to overwrite it")
+    return platform, prof, warmups, samples
+
+
 def measured_candidates(profile: Profile, scopes: Sequence[str]) -> tuple[str, list[str]]:
     """The candidate whose checks decide the run, and every measured kernel's candidate name."""
     kernels = []
@@ -118,15 +132,8 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
       ValueError: unknown profile or scope, or negative counts.
       SecretLeakError: a credential's value appeared in a file; nothing is written.
     """
-    platform = jax.default_backend()
-    prof = get_profile(profile or default_profile(platform))
+    platform, prof, warmups, samples = _settings(out, profile, warmups, samples)
     scopes = list(dict.fromkeys(scopes or prof.scopes))
-    warmups = prof.warmups if warmups is None else warmups
-    samples = prof.samples if samples is None else samples
-    if warmups < 0 or samples < 1:
-        raise ValueError(f"need warmups >= 0 and samples >= 1, got {warmups} and {samples}")
-    if out is not None and Path(out).exists():
-        raise FileExistsError(f"run folder {out} already exists; refusing to overwrite it")
     created = environment.utc_now()
     run_id = environment.run_id_for(platform, jax.devices()[0].device_kind, created)
 
@@ -219,14 +226,7 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
     from ..measure import submission, timed_checks
 
     submission.check_name(name)
-    platform = jax.default_backend()
-    prof = get_profile(profile or default_profile(platform))
-    warmups = prof.warmups if warmups is None else warmups
-    samples = prof.samples if samples is None else samples
-    if warmups < 0 or samples < 1:
-        raise ValueError(f"need warmups >= 0 and samples >= 1, got {warmups} and {samples}")
-    if out is not None and Path(out).exists():
-        raise FileExistsError(f"run folder {out} already exists; refusing to overwrite it")
+    platform, prof, warmups, samples = _settings(out, profile, warmups, samples)
     created = environment.utc_now()
     device_kind = jax.devices()[0].device_kind
     run_id = f"{environment.run_id_for(platform, device_kind, created)}-{name}"[:128]
