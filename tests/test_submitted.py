@@ -142,3 +142,40 @@ def test_a_device_profile_timed_on_a_cpu_or_in_interpret_mode_is_refused(platfor
     with pytest.raises(RunError) as later:  # the same run on a device passes that rule (and meets a later one)
         submitted.check_submitted(_scorecard_run("tpu-v5e", "full"), read_file=None)
     assert "[interpret-profile]" not in str(later.value)
+
+
+def _timed_case(samples=6, entropy="0" * 32):
+    from tpu_kernel_records_tools.bench import roofline, stats
+    from tpu_kernel_records_tools.bench.submitted import checked_samples as picks
+
+    times = [1.0 + 0.1 * i for i in range(samples)]
+    case = {"case_id": "flash-submitted-s128", "program_sha256": "a" * 64, "samples_ms": times,
+            "shape": {"batch": 1, "q_len": 8, "num_q_heads": 2, "head_dim": 8}, "flops": 1e6, "bytes_moved": 1e5,
+            "roofline_floor_ms": None, **stats.summarize(times), **roofline.rates(1e6, 1e5, None, "cpu", 1),
+            "output_checks": [{"sample": i, "passed": True, "detail": "ok"}
+                              for i in picks(samples, entropy, "flash-submitted-s128")]}
+    case.update(roofline.rates(case["flops"], case["bytes_moved"], case["median_ms"], "cpu", 1))
+    programs = {"a" * 64: {"cases": [case["case_id"]], "signature": {"q": [1, 8, 2, 8]}}}
+    return case, programs
+
+
+def test_a_timed_case_whose_output_check_failed_or_names_no_timed_call_is_refused():
+    from tpu_kernel_records_tools.builder import submitted
+    from tpu_kernel_records_tools.records.rawio import RunError
+
+    def check(case, programs):
+        submitted._check_timed(0, case, programs, {"a" * 64}, "cpu", "0" * 32)
+
+    case, programs = _timed_case()
+    check(case, programs)  # as recorded: accepted
+    case["output_checks"][0]["passed"] = False
+    with pytest.raises(RunError, match=r"\[output-check\].*timed call"):
+        check(case, programs)
+    case, programs = _timed_case()
+    case["samples_ms"] = case["samples_ms"][:max(c["sample"] for c in case["output_checks"])]
+    with pytest.raises(RunError, match=r"\[output-check\]"):  # a checked call that was never timed
+        check(case, programs)
+    case, programs = _timed_case()
+    case["roofline_floor_ms"] = 0.5  # a CPU has no floor: a recorded one does not follow from the work
+    with pytest.raises(RunError, match=r"\[derived\].*roofline_floor_ms"):
+        check(case, programs)
