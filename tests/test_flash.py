@@ -194,8 +194,54 @@ def test_tpu_tiles_fit_the_vmem_budget_and_grow_with_room(layout, budget):
                 (blocks.block_q, blocks.block_k), (blocks.block_q_dq, blocks.block_k_dq),
                 (blocks.block_q_dkv, blocks.block_k_dkv))):
             assert bq % 128 == 0 and bk % 128 == 0
-            assert flash_plan.vmem_estimate(phase, bq, bk, h, group, 128, 2, layout) <= budget
+            room = flash_plan.phase_budget(phase, layout, budget)
+            assert flash_plan.vmem_estimate(phase, bq, bk, h, group, 128, 2, layout) <= room
+            assert room == budget or (phase, layout) == ("fwd", "heads")
     assert small.block_q * small.block_k > big.block_q * big.block_k
+
+
+def test_the_calibrated_forward_takes_2048_row_query_tiles_where_they_fit():
+    """In the in-place layout the forward's estimate is calibrated against the v5e compiler, so it
+    may use the scoped limit less ``FORWARD_HEADROOM``: with 128 MiB of VMEM, 16 / 16 heads (8 per
+    step) take 2048-row query tiles, fetching K/V half as often as at 1024 rows; 32 / 8 heads,
+    four times as many query heads per step, stay at 512. The rows layout (jax < 0.7) keeps the
+    plain budget and 1024 rows at most."""
+    large = flash_plan.LARGE_VMEM_BUDGET
+    assert flash_plan.phase_budget("fwd", "heads", large) == (
+        flash_plan.LARGE_VMEM_LIMIT - flash_plan.FORWARD_HEADROOM)
+    assert flash_plan.phase_budget("fwd", "heads", flash_plan.VMEM_BUDGET) == (
+        flash_plan.VMEM_LIMIT - flash_plan.FORWARD_HEADROOM)
+    assert flash_plan.phase_budget("dq", "heads", large) == large
+    assert flash_plan.phase_budget("fwd", "rows", large) == large
+    mha, heads = flash_plan.tpu_tiles(4096, 4096, 16, 16, 128, 2, large, layout="heads")
+    assert (mha.block_q, heads) == (2048, 8)
+    gqa, _ = flash_plan.tpu_tiles(4096, 4096, 32, 8, 128, 2, large, layout="heads")
+    assert gqa.block_q == 512
+    rows, _ = flash_plan.tpu_tiles(4096, 4096, 16, 16, 128, 2, large, layout="rows")
+    assert rows.block_q <= 1024
+    # the calibrated count: 8 heads take 8 sublanes, not 16, and the log-sum-exp's temporaries
+    # (two fp32 [rows, 128] tiles per query head) count
+    fwd = flash_plan.vmem_estimate("fwd", 2048, 128, 8, 1, 128, 2)
+    lanes = 8 * 2048 * 128 * 4
+    blocks = 2 * (2 * 2048 * 8 * 128 * 2 + 2 * 128 * 8 * 128 * 2 + 8 * 8 * 2048 * 4)
+    assert fwd == blocks + 2 * lanes + 8 * 2048 * 128 * 4 + 2 * lanes + 4 * 2048 * 128 * 4
+
+
+@pytest.mark.parametrize("seq, hq, hk", [(1024, 4, 2), (2048, 4, 2), (8192, 4, 2), (2048, 16, 16),
+                                         (512, 1, 1), (16384, 32, 8)])
+def test_no_tile_of_the_heads_layout_exceeds_the_area_mosaic_compiles_quickly(seq, hq, hk):
+    """Where the room allows 1024 x 1024 (4/2 heads at seq 1024), the in-place layout stops at
+    ``MAX_TILE_AREA`` (1024 x 512): that tile's v5e compile took ~12 GB and ~210 s. The rows
+    layout of jax < 0.7, which compiles 1024 x 1024 in seconds, keeps it."""
+    blocks, _ = flash_plan.tpu_tiles(seq, seq, hq, hk, 128, 2, layout="heads")
+    tiles = [(blocks.block_q, blocks.block_k), (blocks.block_q_dq, blocks.block_k_dq),
+             (blocks.block_q_dkv, blocks.block_k_dkv)]
+    assert flash_plan.MAX_TILE_AREA == 1024 * 512
+    assert max(bq * bk for bq, bk in tiles) <= flash_plan.MAX_TILE_AREA, tiles
+    if (seq, hq) == (1024, 4):
+        assert tiles[0] == (1024, 512)
+        rows, _ = flash_plan.tpu_tiles(seq, seq, hq, hk, 128, 2, layout="rows")
+        assert (rows.block_q, rows.block_k) == (1024, 1024)
 
 
 def test_tpu_tiles_take_the_longest_outer_blocks_that_fit():
@@ -208,9 +254,10 @@ def test_tpu_tiles_take_the_longest_outer_blocks_that_fit():
     assert (small.block_q, small.block_q_dq, small.block_k_dkv) == (256, 128, 256)
     assert (large.block_q, large.block_q_dq, large.block_k_dkv) == (512, 256, 1024)
     # a longer outer block that fits beats a larger tile with a shorter one: forward 512 x 256
-    # (47 MiB estimated) over 256 x 1024 (40.5 MiB), whose tile is twice as large
+    # (61 MiB estimated) over 256 x 1024 (40.5 MiB), whose tile is twice as large
     assert (large.block_q, large.block_k) == (512, 256)
-    assert flash_plan.vmem_estimate("fwd", 256, 1024, 8, 4, 128, 2) <= flash_plan.LARGE_VMEM_BUDGET
+    assert flash_plan.vmem_estimate("fwd", 256, 1024, 8, 4, 128, 2) <= flash_plan.phase_budget(
+        "fwd", "heads", flash_plan.LARGE_VMEM_BUDGET)
 
 
 def test_without_a_tpu_the_kernels_plan_for_the_v5e_a_deviceless_compile_targets():

@@ -232,6 +232,34 @@ def test_model_shape_flash_fits_the_vmem_it_asks_for_and_beats_splash():
     assert row["flash_traffic_bytes"] <= 0.6 * row["peers"]["splash-512"]["traffic_bytes"], row
 
 
+@pytest.mark.parametrize("seq, hq, hk", [(4096, 16, 16), (2048, 32, 8), (2048, 4, 2)])
+def test_the_calibrated_forward_fits_what_the_compiler_reserves(seq, hq, hk):
+    """The forward as a VJP runs it (writing its log-sum-exp, the larger of its two programs), at
+    the plan's tiles, compiles for v5e within the scoped VMEM it asks for; in the in-place layout
+    (jax >= 0.7) the calibrated estimate is at least what the compiler reserved, with 2048-row
+    query tiles at 16 / 16 heads. (Under jax < 0.7 the rows layout's plain estimate and budget
+    choose the tiles.)"""
+    from kernel_src import flash_attention
+    from kernel_src.flash.plan import mosaic_layout, tpu_tiles, vmem_estimate, vmem_limits
+
+    q = compiled.struct((8, seq, hq, 128), jnp.bfloat16)
+    kv = compiled.struct((8, seq, hk, 128), jnp.bfloat16)
+    lengths = compiled.struct((8,), jnp.int32)
+
+    def forward_with_lse(q, k, v, lengths):
+        return jax.vjp(lambda q, k, v: flash_attention(q, k, v, causal=True, kv_lengths=lengths),
+                       q, k, v)[0]
+    facts = compiled.analyse(compiled.compile_program(forward_with_lse, (q, kv, kv, lengths)))
+    [kernel] = facts["kernels"]
+    blocks, heads = tpu_tiles(seq, seq, hq, hk, 128, 2)
+    assert 0 < kernel["vmem_bytes"] <= vmem_limits()[0], (blocks, heads, kernel)
+    if mosaic_layout(hq, hk, 128) == "heads":
+        estimate = vmem_estimate("fwd", blocks.block_q, blocks.block_k, heads, hq // hk, 128, 2)
+        assert kernel["vmem_bytes"] <= estimate, (blocks, heads, kernel, estimate)
+        if hk == 16:
+            assert blocks.block_q == 2048
+
+
 def test_plan_command_refuses_in_one_line_without_libtpu(monkeypatch, tmp_path, capsys):
     from tpu_kernel_records_tools.cli.main import main
 

@@ -185,7 +185,25 @@ def vmem_limits() -> tuple[int, int]:
             return VMEM_LIMIT, VMEM_BUDGET
     return LARGE_VMEM_LIMIT, LARGE_VMEM_BUDGET
 TILE_CHOICES = (1024, 512, 256, 128)
+# The forward in the "heads" layout: its estimate is calibrated against the v5e compiler (below),
+# so it may use the scoped limit (4/3 of each budget above) less this headroom, and take query
+# tiles of up to 2048 rows (K/V fetched half as often again as at 1024).
+FORWARD_HEADROOM = 2 * 2 ** 20
+FORWARD_ROWS = (2048,) + TILE_CHOICES
+# The largest tile (query rows x key rows) the "heads" layout takes. Mosaic compiles each head's
+# tile maths fully unrolled: at 1024 x 1024 one 4/2-head forward took ~12 GB of host memory and
+# ~210 s to compile for v5e (deviceless), at 1024 x 512 a few seconds. 2048 x 256 and 2048 x 128
+# stay under it.
+MAX_TILE_AREA = 1024 * 512
 _SUBLANES = 8  # a [1, rows] statistic row takes 8 sublanes of VMEM
+
+
+def phase_budget(phase: str, layout: Layout, budget: int) -> int:
+    """What ``vmem_estimate`` of ``phase`` may use under ``budget``: the budget, except the
+    calibrated forward of the "heads" layout (``FORWARD_HEADROOM``)."""
+    if phase == "fwd" and layout == "heads":
+        return budget + budget // 3 - FORWARD_HEADROOM
+    return budget
 
 
 def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: int,
@@ -199,11 +217,21 @@ def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: 
     of 16: matched within 1% by the VMEM the v5e compiler reserved at 128 x 128 tiles, 4/2 heads.
     The "rows" and "flat" layouts pad no head; "rows" in 16 bits adds the 32-bit copy of each
     input block that its heads are read from (``tpu``).
+
+    The forward of the "heads" layout is calibrated against the VMEM the v5e compiler (libtpu
+    0.0.42.1, jax 0.10.2) reserved with a log-sum-exp, bf16, head_dim 128: a multiple of 8 heads
+    is not padded, and writing the log-sum-exp takes about 1.8 fp32 ``[block_q, 128]`` tiles per
+    query head besides (counted as 2). Estimated / reserved: 61.0 / 58.2 MiB at 32 / 8 heads,
+    512 x 256 tiles; 62.0 / 57.8 MiB at 8 of 16 / 16 heads per step, 2048 x 128. dQ and dK/dV
+    keep the padded count: there the compiler reserved 26-31 MiB where it says 39-47.
     """
     q_heads = kv_heads * group
     sublanes = _SUBLANES * max(1, 4 // itemsize) if layout == "heads" else 1
+    calibrated = layout == "heads" and phase == "fwd"
 
     def tile(rows: int, heads: int) -> int:
+        if calibrated and heads % _SUBLANES == 0:
+            return rows * heads * head_dim * itemsize
         return rows * round_up(heads, sublanes) * head_dim * itemsize
 
     q_tile, kv_tile = tile(block_q, q_heads), tile(block_k, kv_heads)  # q/o/dO/dQ; k/v/dK/dV
@@ -216,6 +244,8 @@ def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: 
     }[phase]
     if layout == "rows" and itemsize < 4:  # q (fwd) or q and dO words, and K and V words
         scratch += (1 if phase == "fwd" else 2) * q_tile + 2 * kv_tile
+    if calibrated:  # the log-sum-exp's lane-replicated temporaries
+        scratch += 2 * lanes
     return 2 * blocks + scratch + 4 * block_q * block_k * 4
 
 
@@ -236,7 +266,9 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
     then the most ``block_q * block_k``; for the head block that allows the longest outer blocks,
     then the largest tiles (more heads on a tie; all heads in the "rows" layout, whose block rows
     interleave them). Tiles are shrunk to the (128-rounded) sequence first; 128 x 128 is the
-    floor. ``layout``: ``mosaic_layout``'s when ``None``."""
+    floor; the forward of the "heads" layout may take 2048 query rows within its own room
+    (``phase_budget``), and no tile of that layout exceeds ``MAX_TILE_AREA``. ``layout``:
+    ``mosaic_layout``'s when ``None``."""
     group = num_q_heads // num_kv_heads
     budget = vmem_limits()[1] if budget is None else budget
     layout = layout or mosaic_layout(num_q_heads, num_kv_heads, head_dim)
@@ -247,11 +279,15 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
         chosen = []
         for phase in ("fwd", "dq", "dkv"):
             outer = 1 if phase == "dkv" else 0
-            pairs = sorted({(min(bq, q_cap), min(bk, kv_cap)) for bq in TILE_CHOICES
+            rows = FORWARD_ROWS if phase == "fwd" and layout == "heads" else TILE_CHOICES
+            pairs = sorted({(min(bq, q_cap), min(bk, kv_cap)) for bq in rows
                             for bk in TILE_CHOICES}, key=lambda t: (t[outer], t[0] * t[1]),
                            reverse=True)
+            if layout == "heads":
+                pairs = [t for t in pairs if t[0] * t[1] <= MAX_TILE_AREA]
+            room = phase_budget(phase, layout, budget)
             fits = [t for t in pairs if vmem_estimate(phase, *t, heads, group, head_dim,
-                                                      itemsize, layout) <= budget]
+                                                      itemsize, layout) <= room]
             chosen.append(fits[0] if fits else pairs[-1])
         outers = [chosen[0][0], chosen[1][0], chosen[2][1]]
         score = (min(outers), sum(outers), min(bq * bk for bq, bk in chosen))
