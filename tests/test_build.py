@@ -156,6 +156,21 @@ def _summary_with_samples(run: Path) -> None:
     testing.rewrite(run, "benchmark", doc)
 
 
+def _name_outside(run: Path) -> None:
+    """A file beside the data folder listed as ``../../../x``: copied as listed, it would land
+    outside the record's folder (its checksum is right; only the name is wrong)."""
+    testing.resign(run, "../../../outside.txt", b"planted")
+
+
+def _link_to_outside(run: Path) -> None:
+    """A listed link to a file outside the run: copied, it would put that file's bytes in data/."""
+    (run.parent / "secret.txt").write_bytes(b"not for the record")
+    data = (run.parent / "secret.txt").read_bytes()
+    testing.resign(run, "evidence.txt", data)
+    (run / "evidence.txt").unlink()
+    (run / "evidence.txt").symlink_to(run.parent / "secret.txt")
+
+
 REFUSALS = {
     # name: (run to damage, damage, rule, file, field)
     "corrupt-json": ("synthetic-cpu-2", _corrupt_json, "corrupt-json", "benchmark.json", None),
@@ -166,6 +181,8 @@ REFUSALS = {
     "failed-case": ("synthetic-cpu-2", _failed_case, "benchmark-case", "benchmark.json", "cases/3/status"),
     "failed-check": ("synthetic-cpu-2", _failed_check, "correctness", "correctness.json",
                      "scorecards/1/checks/2/passed"),
+    "name-outside": ("synthetic-cpu-2", _name_outside, "schema", "manifest.json", "files"),
+    "link": ("synthetic-cpu-2", _link_to_outside, "not-a-plain-file", "evidence.txt", None),
     "summary-samples": (PUBLISHED, _summary_with_samples, "published-summary", "benchmark.json",
                         "cases/0/samples_ms"),
 }

@@ -114,3 +114,48 @@ def test_created_utc_accepts_rfc3339_or_null(tmp_path, value):
     docs["environment"]["created_utc"] = value
     run = rawio.write_run(tmp_path / "run", docs)
     assert rawio.read_run(run)["environment"]["created_utc"] == value
+
+
+def _relist(run, files):
+    """Rewrite ``run``'s manifest to list ``files`` (name -> bytes), checksums right: only the
+    names are wrong."""
+    import hashlib
+
+    manifest = json.loads((run / rawio.MANIFEST).read_text())
+    manifest["files"].update({rel: hashlib.sha256(data).hexdigest() for rel, data in files.items()})
+    (run / rawio.MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("name", ["../outside.txt", "stablehlo/../../outside.txt", "/tmp/outside.txt",
+                                  "./benchmark.json", "stablehlo//x.gz", ".hidden", "a\\..\\b"])
+def test_a_manifest_name_that_leaves_the_folder_is_refused_before_anything_is_read(tmp_path, name):
+    """A manifest whose checksums are right but whose names point outside the run folder (or are
+    not plain relative names) is refused by the manifest's schema, before any listed file is read."""
+    (tmp_path / "outside.txt").write_bytes(b"secret")
+    run = rawio.write_run(tmp_path / "run", _docs())
+    _relist(run, {name: b"secret"})
+    with pytest.raises(rawio.RunError) as info:
+        rawio.read_run(run)
+    assert (info.value.rule, info.value.file) == ("schema", rawio.MANIFEST), info.value
+    assert "does not match" in str(info.value)
+
+
+def test_writing_a_run_with_a_name_outside_it_writes_nothing(tmp_path):
+    with pytest.raises(rawio.RunError, match=r"\[schema\] manifest.json"):
+        rawio.write_run(tmp_path / "deep" / "run", _docs(), {"../../escaped.txt": b"x"})
+    assert not (tmp_path / "escaped.txt").exists()
+    assert not [p for p in tmp_path.rglob("*") if not p.is_dir()]
+
+
+@pytest.mark.parametrize("listed", [True, False])
+def test_a_symbolic_link_in_a_run_folder_is_refused(tmp_path, listed):
+    """A link (here to a file outside the run, its checksum listed right) would let the builder copy
+    whatever it points at into ``data/``; listed or not, the run is refused."""
+    (tmp_path / "outside.txt").write_bytes(b"secret")
+    run = rawio.write_run(tmp_path / "run", _docs(), {"stablehlo/attention-xla-s8.mlir.gz": b"\x1f\x8b"})
+    (run / "stablehlo" / "link.gz").symlink_to(tmp_path / "outside.txt")
+    if listed:
+        _relist(run, {"stablehlo/link.gz": b"secret"})
+    with pytest.raises(rawio.RunError) as info:
+        rawio.read_run(run)
+    assert (info.value.rule, info.value.file) == ("not-a-plain-file", "stablehlo/link.gz")

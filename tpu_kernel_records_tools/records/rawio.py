@@ -95,20 +95,20 @@ def write_run(run_dir: Path, documents: Mapping[str, Any], extra_files: Mapping[
     if run_dir.exists():
         raise FileExistsError(f"run folder {run_dir} already exists; refusing to overwrite it")
     run_dir.parent.mkdir(parents=True, exist_ok=True)
+    files = {f"{name}.json": dumps(documents[name]) for name in DOCUMENTS}
+    files.update(dict(extra_files))
+    manifest = {
+        "format_version": 1,
+        "run_id": documents["environment"]["run_id"],
+        "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())},
+    }
+    validate("manifest", manifest, MANIFEST)  # before any write: its names must stay inside the folder
     tmp = Path(tempfile.mkdtemp(prefix=f".{run_dir.name}.", suffix=".partial", dir=run_dir.parent))
     try:
-        files = {f"{name}.json": dumps(documents[name]) for name in DOCUMENTS}
-        files.update(dict(extra_files))
         for rel, data in files.items():
             path = tmp / rel
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
-        manifest = {
-            "format_version": 1,
-            "run_id": documents["environment"]["run_id"],
-            "files": {rel: hashlib.sha256(data).hexdigest() for rel, data in sorted(files.items())},
-        }
-        validate("manifest", manifest, MANIFEST)
         (tmp / MANIFEST).write_bytes(dumps(manifest))
         os.rename(tmp, run_dir)
     except BaseException:
@@ -126,15 +126,28 @@ def _load_json(path: Path, rel: str) -> Any:
         raise RunError("corrupt-json", rel, None, f"not valid JSON ({e})") from None
 
 
+def _refuse_links(run_dir: Path) -> None:
+    """A run folder holds plain files and folders only: a symbolic link (or a device, a pipe) could
+    make the builder read, or copy into ``data/``, something outside it."""
+    for parent, dirs, names in os.walk(run_dir):
+        for name in sorted(dirs + names):
+            path = Path(parent, name)
+            if path.is_symlink() or not (path.is_dir() or path.is_file()):
+                raise RunError("not-a-plain-file", path.relative_to(run_dir).as_posix(), None,
+                               "a symbolic link or special file; a run folder holds plain files only")
+
+
 def read_run(run_dir: Path) -> dict[str, Any]:
     """Read a run folder, checking the manifest, every checksum, every schema and the run id.
 
-    Returns ``{"manifest": ..., "environment": ..., "correctness": ..., "benchmark": ...}``.
+    Returns ``{"manifest": ..., "environment": ..., "correctness": ..., "benchmark": ...}``. The
+    manifest's names must stay inside the folder (its schema) and nothing in it may be a link.
     Raises ``RunError`` naming the rule, file and field on the first problem found.
     """
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise RunError("missing-file", str(run_dir), None, "run folder does not exist")
+    _refuse_links(run_dir)
     manifest = _load_json(run_dir / MANIFEST, MANIFEST)
     validate("manifest", manifest, MANIFEST)
     listed = set(manifest["files"])
