@@ -22,6 +22,7 @@ import pyarrow as pa
 import yaml
 
 from .leaderboard import leaderboard
+from .markdown import code, table, text
 from ..bench.stats import CONFIDENCE
 from ..records.schema import CONFIG_NAMES, FEATURES, TAG
 
@@ -64,18 +65,6 @@ def replace(text: str, sections: dict[str, str]) -> str:
     return text
 
 
-def _cell(value: Any) -> str:
-    if value is None:
-        return "—"
-    return str(value).replace("|", "\\|").replace("\n", " ")
-
-
-def _table(header: list[str], rows: list[list[Any]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_cell(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines) + "\n"
-
-
 def dataset_info(tables: dict[str, pa.Table]) -> str:
     """The ``dataset_info`` YAML of the card: each config's features (from ``records.schema.FEATURES``),
     rows and Arrow bytes, written by ``datasets``' own ``DatasetInfosDict.to_dataset_card_data``."""
@@ -100,10 +89,10 @@ def records(environment: pa.Table) -> str:
     rows = []
     for r in environment.to_pylist():
         devices = f"{r['device_count']} / {r['devices_used']}"
-        rows.append([f"`{r['record_id']}`", r["source"], r["platform"], r["device_kind"], devices,
+        rows.append([code(r["record_id"]), r["source"], r["platform"], r["device_kind"], devices,
                      f"{r['jax']} / {r['jaxlib']}", f"{r['cases_ok']} of {r['cases']}",
                      f"{r['checks_passed']} of {r['checks']}", "yes" if r["interpret"] else "no"])
-    return _table(["Record", "Source", "Platform", "Device", "Devices visible / used", "JAX / jaxlib",
+    return table(["Record", "Source", "Platform", "Device", "Devices visible / used", "JAX / jaxlib",
                    "Cases ok", "Checks passed (measured kernel)", "Interpret mode"], rows)
 
 
@@ -121,7 +110,7 @@ def _power_settings(record_id: str, platform: str, s: dict[str, Any]) -> str:
     seeds = (f"{s['seeds']} seeds ({s['first_seed']}..{s['first_seed'] + s['seeds'] - 1})"
              if s["seeds"] is not None and s["first_seed"] is not None else f"{s['seeds']} seeds")
     all_shapes = s["shapes"] or []
-    shapes = ", ".join(f"{sh['name']} {sh['batch']}x{sh['q_len']}x{sh['kv_len']} "
+    shapes = ", ".join(f"{text(sh['name'])} {sh['batch']}x{sh['q_len']}x{sh['kv_len']} "
                        f"{sh['num_q_heads']}/{sh['num_kv_heads']} heads d{sh['head_dim']}" for sh in all_shapes)
     if len(all_shapes) > MAX_LISTED_SHAPES:  # drawn per seed: summarise (the parquet holds them all)
         dims = sorted({sh["head_dim"] for sh in all_shapes if sh["head_dim"] is not None})
@@ -132,9 +121,9 @@ def _power_settings(record_id: str, platform: str, s: dict[str, Any]) -> str:
         totals.append(f"false rejects {s['false_rejects']} of {s['correct_trials']} correct trials")
     if s["bad_trials"] is not None:
         totals.append(f"missed {s['missed_bad']} of {s['bad_trials']} known-bad trials")
-    return (f"Record `{record_id}` (measured on {platform}: the grader's numerics, not kernel speed): {seeds}; "
-            f"shapes {shapes or '—'}; tolerance k forward {_cell(policy.get('k_forward'))}, gradient "
-            f"{_cell(policy.get('k_gradient'))}, floor {_cell(policy.get('floor'))}"
+    return (f"Record {code(record_id)} (measured on {text(platform)}: the grader's numerics, not kernel speed): {seeds}; "
+            f"shapes {shapes or '—'}; tolerance k forward {text(policy.get('k_forward'))}, gradient "
+            f"{text(policy.get('k_gradient'))}, floor {text(policy.get('floor'))}"
             + (f"; {'; '.join(totals)}" if totals else "") + ".\n")
 
 
@@ -147,12 +136,12 @@ def power(correctness: pa.Table) -> str:
     for r in rows:
         rate = f"{r['rejected'] / r['trials']:.0%}" if r["trials"] and r["rejected"] is not None else None
         by = ", ".join(f"{b['check']}: {b['count']}" for b in r["rejected_by"]) or None
-        out.append([f"`{r['record_id']}`", r["candidate"], r["kind"], r["expected"], r["trials"], r["rejected"],
+        out.append([code(r["record_id"]), r["candidate"], r["kind"], r["expected"], r["trials"], r["rejected"],
                     rate, by, _needed_k(r["power_detail"])])
         settings.setdefault(r["record_id"], (r["platform"], r["power_settings"]))
-    text = _table(["Record", "Candidate", "Kind", "Expected", "Trials", "Rejected", "Rejection rate", "Rejected by",
-                   "Needed k"], out)
-    return text + "\n" + "\n".join(_power_settings(rid, *settings[rid]) for rid in sorted(settings))
+    rendered = table(["Record", "Candidate", "Kind", "Expected", "Trials", "Rejected", "Rejection rate",
+                      "Rejected by", "Needed k"], out)
+    return rendered + "\n" + "\n".join(_power_settings(rid, *settings[rid]) for rid in sorted(settings))
 
 
 def ratio_series(benchmark: pa.Table) -> list[dict[str, Any]]:
@@ -178,12 +167,12 @@ def ratio_series(benchmark: pa.Table) -> list[dict[str, Any]]:
 
 
 def figure_section(benchmark: pa.Table) -> str:
-    rows = [[f"`{s['record_id']}`", s["scope"], p[0], f"{s['numerator']} / {s['baseline']}", f"{p[4]:.4f}",
+    rows = [[code(s["record_id"]), s["scope"], p[0], f"{s['numerator']} / {s['baseline']}", f"{p[4]:.4f}",
              f"{p[5]:.4f}", f"{p[1]:.2f}x", None if p[2] is None or p[3] is None else f"{p[2]:.2f}–{p[3]:.2f}"]
             for s in ratio_series(benchmark) for p in s["points"]]
     return (f"![Median-time ratio of each kernel to the XLA reference (Pallas / XLA) against sequence length, per "
             f"record and scope](data/{FIGURE})\n\n"
-            + _table(["Record", "Scope", "Sequence", "Ratio of", "Median (ms)", "XLA median (ms)",
+            + table(["Record", "Scope", "Sequence", "Ratio of", "Median (ms)", "XLA median (ms)",
                      "Ratio", f"{CONFIDENCE:.0%} CI"], rows))
 
 
@@ -205,7 +194,7 @@ def figure_png(benchmark: pa.Table) -> bytes:
         ax = fig.add_subplot()
         for s in series:
             xs, ys = [p[0] for p in s["points"]], [p[1] for p in s["points"]]
-            label = f"{s['record_id']} · {s['scope']} ({s['numerator']}/{s['baseline']})"
+            label = f"{s['record_id']} · {s['scope']} ({s['numerator']}/{s['baseline']})".replace("$", r"\$")
             if s["interpret"]:
                 label += " [interpret: not kernel speed]"
             if s["summary"]:

@@ -14,6 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
+from .markdown import Markdown, code, text
+
 SUBMITTED = "submitted"
 NONE_YET = "No submitted kernel is recorded yet (`tpu-kernel-records measure --candidate FILE.py:fn --name NAME`).\n"
 
@@ -59,13 +61,14 @@ def leaderboard(benchmark: pa.Table, correctness: pa.Table) -> str:
             ci = "" if low is None else f" [{low:.4g}, {high:.4g}]"
             table.append([r["device_kind"], r["scope"],
                           f"{r['batch']}, {r['seq_len']}, {r['num_q_heads']}/{r['num_kv_heads']}, {r['head_dim']}, "
-                          f"{r['dtype']}", f"`{name}`", "passed" if verdicts.get((r["record_id"], name)) else "failed",
+                          f"{r['dtype']}", code(name), "passed" if verdicts.get((r["record_id"], name)) else "failed",
                           f"{r['median_ms']:.4g}{ci}", _ratio(r["pairs"], "xla"), _ratio(r["pairs"], "flash"),
-                          f"`{r['record_id']}`"])
+                          code(r["record_id"])])
         if not table:
             continue
         out.append("**Interpret mode or CPU: not kernel speed**, only that the programs run.\n\n" if interpret
                    else "**On the device.**\n\n")
         out.append("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
-                   + "".join("| " + " | ".join(str(c) for c in row) + " |\n" for row in table) + "\n")
+                   + "".join("| " + " | ".join(c if isinstance(c, Markdown) else text(c) for c in row) + " |\n"
+                             for row in table) + "\n")
     return "".join(out)

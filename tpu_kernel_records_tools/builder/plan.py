@@ -26,6 +26,7 @@ from ..bench.cases import MODEL_SCOPES
 from ..bench.peers import PEERS
 from ..bench.plan import LABEL, MODES, Shape, least_over_best_peer, plan_shapes
 from ..records.rawio import RunError
+from .markdown import code, text
 
 PLAN_FILE = "plan/tpu-v5e.json"  # relative to data/
 PLAN_DOC = "PLAN_V5E.md"  # the full table with how to read it, beside the card
@@ -195,9 +196,9 @@ def section(data_dir: Path) -> str:
                 f"plan.json`, then `tpu-kernel-records build --plan plan.json`._\n")
     doc = json.loads(path.read_text())
     check_plan(doc)
-    made = ", ".join(f"{key} {doc[key]}" for key in ("jax", "libtpu", "date") if doc.get(key))
+    made = ", ".join(f"{key} {text(doc[key])}" for key in ("jax", "libtpu", "date") if doc.get(key))
     lines = [f"**{LABEL}**", "",
-             f"From `data/{PLAN_FILE}`" + (f", written by `{doc['command']}`" if doc.get("command") else "")
+             f"From `data/{PLAN_FILE}`" + (f", written by {code(doc['command'])}" if doc.get("command") else "")
              + (f" ({made})" if made else "") + f"; the full table and how to read it: [{PLAN_DOC}]({PLAN_DOC}). "
              "Floors are roofline lower bounds `max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s)` of the compiled "
              "programs, not times; below 1 the compiler's plan favours flash. Once a TPU record of the flash "
@@ -217,7 +218,7 @@ def section(data_dir: Path) -> str:
     for r in doc["rows"]:
         best = r.get("best_peer")
         peer = (r.get("peers") or {}).get(best) or {}
-        best_cell = "—" if best is None else f"{_number(peer.get('traffic_bytes') / 1e6, 1)} ({best})"
+        best_cell = "—" if best is None else f"{_number(peer.get('traffic_bytes') / 1e6, 1)} ({text(best)})"
         traffic = r.get("flash_traffic_bytes")
         lines.append(f"| {r.get('scope', 'flash')} | {r['seq']} | {r['batch']} | {r['num_q_heads']} / "
                      f"{r['num_kv_heads']} | {r['head_dim']} "
