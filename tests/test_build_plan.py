@@ -101,6 +101,8 @@ def test_the_plan_builds_into_data_and_the_card_labelled_as_predicted(ws):
     (lambda d: d["rows"][1].__setitem__("flash_over_best_peer", 0.4), "rows/1/flash_over_best_peer"),
     (lambda d: d["rows"][1]["peers"].pop("jax-flash"), "rows/1/peers"),
     (lambda d: d.__setitem__("rows", []), "rows"),
+    (lambda d: d["rows"][0].__setitem__("seq", True), "rows/0/seq"),
+    (lambda d: d["rows"][0].__setitem__("batch", 2 ** 40), "rows/0/batch"),
 ])
 def test_a_plan_whose_numbers_do_not_follow_is_refused_and_nothing_written(ws, edit, field):
     doc = copy.deepcopy(PLAN)
@@ -168,3 +170,15 @@ def test_the_committed_plan_meets_the_model_shape_goal_or_sits_on_its_bound():
         least = (row["flash_kernel_bytes"] + row["flash_outside_bytes"]) / splash
         assert ratio <= 0.6 or (least > 0.6 and row["flash_modelled_bytes"] == row["flash_kernel_bytes"]), (
             row["scope"], row["seq"], row["num_q_heads"], row["mode"], ratio, least)
+
+
+@pytest.mark.parametrize("text", ["[" * 100_000 + "]" * 100_000, "1" * 5000, "{\"label\": \udcff}"])
+def test_a_plan_file_python_cannot_parse_is_refused_in_one_line(ws, text):
+    """Nesting too deep for Python's parser, a number too long for it, text that is not UTF-8."""
+    path = ws / "plan.json"
+    path.write_bytes(text.encode("utf-8", "surrogateescape"))
+    before = testing.tree_hash(ws / "data", ws / "dataset_card.md")
+    with pytest.raises(BuildError, match=r"\[plan\].*not valid JSON") as info:
+        build([], ws / "data", plan_path=path)
+    assert "\n" not in str(info.value)
+    assert testing.tree_hash(ws / "data", ws / "dataset_card.md") == before

@@ -26,7 +26,7 @@ def read_power(path: Path) -> dict[str, Any]:
     """The power summary in ``path`` (``{"power": {...}}`` or the bare summary); ``ValueError`` if absent."""
     try:
         doc = json.loads(Path(path).read_text())
-    except (OSError, json.JSONDecodeError, UnicodeDecodeError) as e:
+    except (OSError, *rawio.JSON_ERRORS) as e:
         raise ValueError(f"{path}: not a readable JSON power summary ({e})") from None
     power = doc.get("power", doc) if isinstance(doc, dict) else None
     if not isinstance(power, dict) or "candidates" not in power:

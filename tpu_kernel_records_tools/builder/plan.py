@@ -25,7 +25,7 @@ from ..bench import roofline
 from ..bench.cases import MODEL_SCOPES
 from ..bench.peers import PEERS
 from ..bench.plan import LABEL, MODES, Shape, least_over_best_peer, plan_shapes
-from ..records.rawio import RunError
+from ..records.rawio import JSON_ERRORS, RunError
 from .markdown import code, text
 
 PLAN_FILE = "plan/tpu-v5e.json"  # relative to data/
@@ -70,8 +70,8 @@ def check_plan(doc: Any) -> None:
         if not isinstance(row, dict):
             raise _refuse(where, "not an object")
         for key in SHAPE_KEYS:
-            if not (isinstance(row.get(key), int) and row[key] > 0):
-                raise _refuse(f"{where}/{key}", f"{row.get(key)!r} is not a positive integer")
+            if not (isinstance(row.get(key), int) and not isinstance(row[key], bool) and 0 < row[key] < 2 ** 31):
+                raise _refuse(f"{where}/{key}", f"{row.get(key)!r} is not a positive int32")
         if row.get("mode") not in MODES:
             raise _refuse(f"{where}/mode", f"{row.get('mode')!r} is not one of {MODES}")
         if row.get("scope", "flash") not in SCOPES:
@@ -165,8 +165,10 @@ def read_plan(path: Path) -> dict[str, Any]:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
         raise RunError("plan", str(path), None, "does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError("plan", str(path), None, f"not valid JSON ({e})") from None
+    except OSError as e:
+        raise RunError("plan", str(path), None, f"cannot be read ({e.strerror})") from None
+    except JSON_ERRORS as e:
+        raise RunError("plan", str(path), None, f"not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     check_plan(doc)
     return doc
 

@@ -24,6 +24,9 @@ import jsonschema
 
 DOCUMENTS = ("environment", "correctness", "benchmark")
 MANIFEST = "manifest.json"
+# What parsing a stranger's JSON may raise besides OSError: malformed or undecodable text, and numbers
+# too long or nesting too deep for Python (ValueError, RecursionError); each becomes one clear line.
+JSON_ERRORS = (ValueError, RecursionError)
 
 
 class RunError(ValueError):
@@ -122,8 +125,8 @@ def _load_json(path: Path, rel: str) -> Any:
         return json.loads(path.read_text())
     except FileNotFoundError:
         raise RunError("missing-file", rel, None, f"{path} does not exist") from None
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise RunError("corrupt-json", rel, None, f"not valid JSON ({e})") from None
+    except JSON_ERRORS as e:
+        raise RunError("corrupt-json", rel, None, f"not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
 
 
 def _refuse_links(run_dir: Path) -> None:
