@@ -157,6 +157,18 @@ REFUSALS: dict[str, tuple] = {
     "failed-check": ("cpu", _failed_check, True, "correctness", "correctness.json", "scorecards/1/checks/1/passed"),
     "scorecard-not-passed": ("cpu", _card("passed", False), True, "correctness", "correctness.json",
                              "scorecards/1/passed"),
+    # Every scorecard adds up as the rubric writes it (a known-bad candidate cannot be shown passing).
+    "scorecard-score-inflated": ("cpu", _set("correctness/scorecards/0/score", 4.0), True, "scorecard",
+                                 "correctness.json", "scorecards/0/score"),
+    "scorecard-max-changed": ("cpu", _set("correctness/scorecards/0/max_score", 2.0), True, "scorecard",
+                              "correctness.json", "scorecards/0/max_score"),
+    "scorecard-points-for-a-failed-check": ("cpu", _set("correctness/scorecards/2/checks/0/points", 1.0), True,
+                                            "scorecard", "correctness.json", "scorecards/2/checks/0/points"),
+    "scorecard-known-bad-shown-passing": ("cpu", _set("correctness/scorecards/2/passed", True), True,
+                                          "scorecard", "correctness.json", "scorecards/2/passed"),
+    # A run is not made in the future of the build.
+    "created-in-the-future": ("cpu", _set("environment/created_utc", "2999-01-01T00:00:00Z"), True,
+                              "created-utc", "environment.json", "created_utc"),
     # The power summary is well formed and finite.
     "power-nan": ("cpu", _set("correctness/power/candidates/0/seconds_per_trial", math.nan), True,
                   "non-finite", "correctness.json", "power"),
@@ -386,3 +398,14 @@ def test_a_record_folder_must_carry_its_own_run_id(tmp_path):
     assert (e.rule, e.file, e.field) == ("record-id", f"{derive.RAW}/renamed-run/manifest.json", "run_id")
     assert str(e) == (f"[record-id] {derive.RAW}/renamed-run/manifest.json at run_id: run id 'synthetic-cpu' "
                       "differs from its folder name")
+
+
+def test_a_run_stamped_within_the_clock_skew_is_accepted():
+    """A measuring machine's clock a few hours ahead of the builder's is not a lie; a day and more is."""
+    import datetime as dt
+
+    ahead = dt.datetime.now(dt.timezone.utc) + rules.CLOCK_SKEW - dt.timedelta(hours=1)
+    run = _base("cpu")
+    run["environment"]["created_utc"] = ahead.strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert rules.accept(run, allow_interpret=True).record_id == run["environment"]["run_id"]
+    assert rules.CLOCK_SKEW == dt.timedelta(days=1)

@@ -4,7 +4,10 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
 
 * its three documents agree on source, platform and interpret mode;
 * a TPU run shows every device of its slice (``expected_device_count``);
-* the measured candidate's scorecard exists and every one of its checks passed;
+* the measured candidate's scorecard exists and every one of its checks passed; every scorecard adds
+  up as the rubric writes it (a check earns its points exactly when it passed, the score and maximum
+  are their sums, a card passes exactly when it has checks, no error, and every check passed);
+* it was not made in the future (``created_utc`` at most ``CLOCK_SKEW`` after the build);
 * every benchmark case succeeded, with a finite, positive median; a ``measured`` case also has exactly
   ``samples_per_case`` finite, positive samples and states its whole shape;
 * a ``published-summary`` (a card transcribed by hand) carries medians only: no samples, no
@@ -27,6 +30,7 @@ A refusal raises ``rawio.RunError`` naming the rule, the file and the field.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import math
 from dataclasses import dataclass
@@ -48,6 +52,8 @@ SLICE_DEVICES_BY_ACCELERATOR = {
 }
 # Fallback when the accelerator type was not captured: the slice Kaggle offers for the device kind.
 SLICE_DEVICES_BY_DEVICE_KIND = {"TPU v5 lite": 8, "TPU v5e": 8, "TPU v3": 8, "TPU v2": 8}
+
+CLOCK_SKEW = dt.timedelta(days=1)  # how far ahead of the builder's clock a run's created_utc may be
 
 STATS = ("min_ms", "max_ms", "q1_ms", "q3_ms", "iqr_ms")
 NUMBERS = ("transfer_ms", "lower_ms", "compile_ms", "median_ms", *STATS, "peak_memory_bytes", "flops",
@@ -99,9 +105,34 @@ def _check_consistency(run: dict[str, Any]) -> None:
         if case["interpret"] and env["platform"] != "cpu":
             raise RunError("interpret", "benchmark.json", f"cases/{i}/interpret",
                            f"case {case['case_id']!r} says interpret mode on a {env['platform']} run")
+    created = env.get("created_utc")
+    if created and dt.datetime.fromisoformat(created.upper().replace("Z", "+00:00")) > (
+            dt.datetime.now(dt.timezone.utc) + CLOCK_SKEW):
+        raise RunError("created-utc", "environment.json", "created_utc",
+                       f"{created} is in the future of this build's clock")
     if env["devices_used"] > env["device_count"]:
         raise RunError("devices", "environment.json", "devices_used",
                        f"{env['devices_used']} used but only {env['device_count']} visible")
+
+
+def _check_scorecard(i: int, card: dict[str, Any]) -> None:
+    """The sums and verdicts of one scorecard, as ``grading.rubric.Scorecard`` writes them."""
+    where = f"scorecards/{i}"
+    for j, check in enumerate(card["checks"]):
+        earned = check["max_points"] if check["passed"] else 0.0
+        if not math.isclose(check["points"], earned, rel_tol=1e-9, abs_tol=1e-9):
+            raise RunError("scorecard", "correctness.json", f"{where}/checks/{j}/points",
+                           f"{check['points']!r} points for a check that {'passed' if check['passed'] else 'failed'}"
+                           f" (it earns {earned!r})")
+    for field, key in (("score", "points"), ("max_score", "max_points")):
+        total = sum(check[key] for check in card["checks"])
+        if not math.isclose(card[field], total, rel_tol=1e-9, abs_tol=1e-9):
+            raise RunError("scorecard", "correctness.json", f"{where}/{field}",
+                           f"{card[field]!r}, but its checks' {key} add up to {total!r}")
+    passed = not card.get("error") and bool(card["checks"]) and all(c["passed"] for c in card["checks"])
+    if card["passed"] != passed:
+        raise RunError("scorecard", "correctness.json", f"{where}/passed",
+                       f"{card['passed']!r}, but it follows as {passed!r} from its error and checks")
 
 
 def _check_correctness(correctness: dict[str, Any]) -> None:
@@ -124,6 +155,8 @@ def _check_correctness(correctness: dict[str, Any]) -> None:
         if not card["passed"]:
             raise RunError("correctness", "correctness.json", f"scorecards/{i}/passed",
                            f"{name!r} is marked as not passed")
+    for i, card in enumerate(correctness["scorecards"]):
+        _check_scorecard(i, card)
     _check_power(correctness["power"])
 
 
