@@ -9,7 +9,9 @@ below is parsed from the card's text, and every statement the record relies on i
 the card verbatim, so a different card fails loudly instead of producing a plausible record. What
 the card does not state stays null (timing samples, shapes, masks, versions it does not print) and
 is named in the record's notes. The builder's rule for such a ``published-summary``: medians only,
-no samples, no min/max/quartiles, no confidence intervals.
+no samples, no min/max/quartiles, no confidence intervals; and it must be one of the transcriptions
+pinned in ``builder.rules.PUBLISHED_SUMMARIES`` (sha256 of each document): a new card's
+transcription is added there in a reviewed change.
 """
 
 from __future__ import annotations

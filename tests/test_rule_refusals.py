@@ -376,7 +376,9 @@ def test_a_published_ratio_must_follow_from_its_medians_up_to_the_cards_rounding
     run = _base("summary")
     ratio, slack = _published_pair_slack(run, 0)
     run["benchmark"]["pairs"][0]["ratio"] = ratio + side * 0.98 * slack
-    rules.accept(run)  # within the rounding: accepted
+    with pytest.raises(rawio.RunError) as err:  # within the rounding: past the ratio rule, to the pin
+        rules.accept(run)
+    assert (err.value.rule, err.value.file) == ("published-source", "benchmark.json")
     run["benchmark"]["pairs"][0]["ratio"] = ratio + side * 1.02 * slack
     with pytest.raises(rawio.RunError) as err:
         rules.accept(run)
@@ -409,3 +411,28 @@ def test_a_run_stamped_within_the_clock_skew_is_accepted():
     run["environment"]["created_utc"] = ahead.strftime("%Y-%m-%dT%H:%M:%SZ")
     assert rules.accept(run, allow_interpret=True).record_id == run["environment"]["run_id"]
     assert rules.CLOCK_SKEW == dt.timedelta(days=1)
+
+
+def test_a_published_summary_is_accepted_only_as_the_transcription_this_project_pins():
+    """Nothing in a published summary can be recomputed: the committed transcription is accepted;
+    the same documents under another id, or with one median and its ratio edited consistently (every
+    other rule then holds), are refused."""
+    assert rules.accept(_base("summary")).record_id == "published-tpu-v5e-8"
+    renamed = _base("summary")
+    for name in rawio.DOCUMENTS:
+        renamed[name]["run_id"] = "published-elsewhere"
+    renamed["manifest"]["run_id"] = "published-elsewhere"
+    with pytest.raises(rawio.RunError) as err:
+        rules.accept(renamed)
+    assert (err.value.rule, err.value.file) == ("published-source", "environment.json")
+
+    edited = _base("summary")
+    bench = edited["benchmark"]
+    pair = bench["pairs"][0]
+    [case] = [c for c in bench["cases"] if c["case_id"] == pair["numerator"]]
+    case["median_ms"] = round(case["median_ms"] * 0.5, 4)
+    denominator = next(c["median_ms"] for c in bench["cases"] if c["case_id"] == pair["denominator"])
+    pair["ratio"] = round(case["median_ms"] / denominator, 2)
+    with pytest.raises(rawio.RunError) as err:
+        rules.accept(edited)
+    assert (err.value.rule, err.value.file) == ("published-source", "benchmark.json"), str(err.value)

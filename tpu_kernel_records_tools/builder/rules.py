@@ -12,7 +12,8 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
   ``samples_per_case`` finite, positive samples and states its whole shape;
 * a ``published-summary`` (a card transcribed by hand) carries medians only: no samples, no
   min/max/quartiles, no confidence intervals; its ratios are those of its medians up to the card's
-  rounding;
+  rounding; and, since nothing in it can be recomputed, it is one of the transcriptions this project
+  pins (``PUBLISHED_SUMMARIES``), document for document;
 * every pair names cases of the run, once, and has a positive ratio;
 * a CPU or interpret-mode run only with ``allow_interpret``; every row of its tables then says so;
 * a ``grader-power`` record (``builder.grader_power``: the grader's power summary, measured on a CPU,
@@ -31,13 +32,14 @@ A refusal raises ``rawio.RunError`` naming the rule, the file and the field.
 from __future__ import annotations
 
 import datetime as dt
+import hashlib
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records.rawio import RunError
+from ..records.rawio import DOCUMENTS, RunError, dumps
 from ..records.secrets import env_var_allowed
 
 from .recompute import check_measured
@@ -53,6 +55,16 @@ SLICE_DEVICES_BY_ACCELERATOR = {
 # Fallback when the accelerator type was not captured: the slice Kaggle offers for the device kind.
 SLICE_DEVICES_BY_DEVICE_KIND = {"TPU v5 lite": 8, "TPU v5e": 8, "TPU v3": 8, "TPU v2": 8}
 
+# The published cards transcribed by scripts/transcribe_published.py (every number parsed from the
+# card's text): sha256 of each document's canonical JSON (rawio.dumps). A published summary states
+# numbers nothing can recompute, so an edited or invented one would pass every other rule.
+PUBLISHED_SUMMARIES = {
+    "published-tpu-v5e-8": {
+        "environment": "f4b39a02b1dd11fc58c4032750d9ea310bac7bd58bfbd9ad26b93a51c11ff28e",
+        "correctness": "560fa98d544d1d0bf72906821b4f08961b232a4d5974e06e6bdbb98651278fde",
+        "benchmark": "949233e6aa11dd3810ab8896ab27e147a9657d6ec5e700ee4fdb508fdac3fd30",
+    },
+}
 CLOCK_SKEW = dt.timedelta(days=1)  # how far ahead of the builder's clock a run's created_utc may be
 
 STATS = ("min_ms", "max_ms", "q1_ms", "q3_ms", "iqr_ms")
@@ -335,7 +347,23 @@ def accept(run: dict[str, Any], *, allow_interpret: bool = False,
         check_measured(run, read_file)
     elif benchmark["source"] == "submitted":
         check_submitted(run, read_file)
+    elif benchmark["source"] == "published-summary":
+        _check_published_source(run)
     return Accepted(env["run_id"], run, interpret, expected)
+
+
+def _check_published_source(run: dict[str, Any]) -> None:
+    pinned = PUBLISHED_SUMMARIES.get(run["environment"]["run_id"])
+    for name in DOCUMENTS:
+        try:
+            digest = hashlib.sha256(dumps(run[name])).hexdigest()
+        except ValueError:
+            digest = None
+        if pinned is None or digest != pinned[name]:
+            raise RunError("published-source", f"{name}.json", None,
+                           "not a published summary this project transcribed (rules.PUBLISHED_SUMMARIES, from "
+                           "scripts/transcribe_published.py): its numbers cannot be recomputed, so an edited "
+                           "or new one needs the card and a reviewed change")
 
 
 def run_files(run_dir: Path) -> Callable[[str], bytes]:
