@@ -228,16 +228,20 @@ def test_the_calibrated_forward_takes_2048_row_query_tiles_where_they_fit():
 
 
 @pytest.mark.parametrize("seq, hq, hk", [(1024, 4, 2), (2048, 4, 2), (8192, 4, 2), (2048, 16, 16),
-                                         (512, 1, 1), (16384, 32, 8)])
+                                         (512, 1, 1), (512, 4, 2), (16384, 32, 8)])
 def test_no_tile_of_the_heads_layout_exceeds_the_area_mosaic_compiles_quickly(seq, hq, hk):
     """Where the room allows 1024 x 1024 (4/2 heads at seq 1024), the in-place layout stops at
-    ``MAX_TILE_AREA`` (1024 x 512): that tile's v5e compile took ~12 GB and ~210 s. The rows
-    layout of jax < 0.7, which compiles 1024 x 1024 in seconds, keeps it."""
+    ``MAX_TILE_AREA`` (1024 x 512): that tile's v5e compile took ~12 GB and ~210 s; and the backward
+    kernels' inner tile stops at ``BACKWARD_INNER_ROWS`` (a 512 x 512 dQ took ~6 GB). The rows
+    layout of jax < 0.7, which compiles its 1024 x 1024 tiles within CI's limits, keeps them."""
     blocks, _ = flash_plan.tpu_tiles(seq, seq, hq, hk, 128, 2, layout="heads")
     tiles = [(blocks.block_q, blocks.block_k), (blocks.block_q_dq, blocks.block_k_dq),
              (blocks.block_q_dkv, blocks.block_k_dkv)]
-    assert flash_plan.MAX_TILE_AREA == 1024 * 512
+    assert flash_plan.MAX_TILE_AREA == 1024 * 512 and flash_plan.BACKWARD_INNER_ROWS == 256
     assert max(bq * bk for bq, bk in tiles) <= flash_plan.MAX_TILE_AREA, tiles
+    assert tiles[1][1] <= 256 and tiles[2][0] <= 256, tiles  # dQ's key rows, dK/dV's query rows
+    if seq == 512:  # where a 512 x 512 dQ tile would fit: 512 x 256 (its compile took ~6 GB)
+        assert tiles[1:] == [(512, 256), (256, 512)], tiles
     if (seq, hq) == (1024, 4):
         assert tiles[0] == (1024, 512)
         rows, _ = flash_plan.tpu_tiles(seq, seq, hq, hk, 128, 2, layout="rows")

@@ -195,6 +195,10 @@ FORWARD_ROWS = (2048,) + TILE_CHOICES
 # ~210 s to compile for v5e (deviceless), at 1024 x 512 a few seconds. 2048 x 256 and 2048 x 128
 # stay under it.
 MAX_TILE_AREA = 1024 * 512
+# The inner tile of the backward kernels in that layout (dQ's key rows, dK/dV's query rows): it
+# changes no HBM traffic (the outer block decides how often K/V or Q/dO are fetched), and a 512-row
+# inner tile made one 4/2-head dQ compile take ~6 GB and ~86 s (256 rows: ~3 GB, 45 s, whole VJP).
+BACKWARD_INNER_ROWS = 256
 _SUBLANES = 8  # a [1, rows] statistic row takes 8 sublanes of VMEM
 
 
@@ -267,7 +271,8 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
     then the largest tiles (more heads on a tie; all heads in the "rows" layout, whose block rows
     interleave them). Tiles are shrunk to the (128-rounded) sequence first; 128 x 128 is the
     floor; the forward of the "heads" layout may take 2048 query rows within its own room
-    (``phase_budget``), and no tile of that layout exceeds ``MAX_TILE_AREA``. ``layout``:
+    (``phase_budget``), and no tile of that layout exceeds ``MAX_TILE_AREA`` nor, in dQ and dK/dV,
+    ``BACKWARD_INNER_ROWS`` inner rows. ``layout``:
     ``mosaic_layout``'s when ``None``."""
     group = num_q_heads // num_kv_heads
     budget = vmem_limits()[1] if budget is None else budget
@@ -284,7 +289,8 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
                             for bk in TILE_CHOICES}, key=lambda t: (t[outer], t[0] * t[1]),
                            reverse=True)
             if layout == "heads":
-                pairs = [t for t in pairs if t[0] * t[1] <= MAX_TILE_AREA]
+                inner = BACKWARD_INNER_ROWS if phase != "fwd" else max(t[1 - outer] for t in pairs)
+                pairs = [t for t in pairs if t[0] * t[1] <= MAX_TILE_AREA and t[1 - outer] <= inner]
             room = phase_budget(phase, layout, budget)
             fits = [t for t in pairs if vmem_estimate(phase, *t, heads, group, head_dim,
                                                       itemsize, layout) <= room]
