@@ -1,6 +1,7 @@
 """records.rawio: schema validation, manifest checksums, atomic run folders."""
 
 import json
+import os
 
 import pytest
 
@@ -73,6 +74,7 @@ def test_nan_is_refused_and_existing_run_untouched(tmp_path):
     (lambda run: (run / "stray.txt").write_text("x"), "unlisted-file"),
     (lambda run: (run / "manifest.json").write_text("[" * 100_000 + "]" * 100_000), "corrupt-json"),
     (lambda run: (run / "manifest.json").write_text("9" * 5000), "corrupt-json"),
+    (lambda run: os.truncate(run / "manifest.json", rawio.MAX_DOCUMENT_BYTES + 1), "too-large"),
 ])
 def test_damaged_runs_name_the_rule(tmp_path, damage, rule):
     run = rawio.write_run(tmp_path / "run", _docs())

@@ -27,6 +27,7 @@ MANIFEST = "manifest.json"
 # What parsing a stranger's JSON may raise besides OSError: malformed or undecodable text, and numbers
 # too long or nesting too deep for Python (ValueError, RecursionError); each becomes one clear line.
 JSON_ERRORS = (ValueError, RecursionError)
+MAX_DOCUMENT_BYTES = 64 << 20  # a run's JSON documents are kilobytes; a larger one is refused unread
 
 
 class RunError(ValueError):
@@ -121,6 +122,10 @@ def write_run(run_dir: Path, documents: Mapping[str, Any], extra_files: Mapping[
 
 
 def _load_json(path: Path, rel: str) -> Any:
+    size = path.stat().st_size if path.is_file() else 0
+    if size > MAX_DOCUMENT_BYTES:
+        raise RunError("too-large", rel, None, f"{size} bytes; a run's JSON document holds at most "
+                       f"{MAX_DOCUMENT_BYTES} (rawio.MAX_DOCUMENT_BYTES)")
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
