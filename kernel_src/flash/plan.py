@@ -195,9 +195,11 @@ FORWARD_ROWS = (2048,) + TILE_CHOICES
 # ~210 s to compile for v5e (deviceless), at 1024 x 512 a few seconds. 2048 x 256 and 2048 x 128
 # stay under it.
 MAX_TILE_AREA = 1024 * 512
-# The inner tile of the backward kernels in that layout (dQ's key rows, dK/dV's query rows): it
-# changes no HBM traffic (the outer block decides how often K/V or Q/dO are fetched), and a 512-row
-# inner tile made one 4/2-head dQ compile take ~6 GB and ~86 s (256 rows: ~3 GB, 45 s, whole VJP).
+# The inner tile of the backward kernels in that layout (dQ's key rows, dK/dV's query rows). The
+# outer block decides how often K/V (Q/dO) are fetched; a longer inner tile only lets consecutive
+# outer blocks share one block without a new fetch (the plan: 16/16 heads, seq 2048, VJP 1,349 MB
+# at 256 rows, 1,281 MB at 1024). A 512-row inner tile made one 4/2-head dQ compile take ~6 GB
+# and ~86 s (256 rows: ~3 GB and 45 s for the whole VJP).
 BACKWARD_INNER_ROWS = 256
 _SUBLANES = 8  # a [1, rows] statistic row takes 8 sublanes of VMEM
 
