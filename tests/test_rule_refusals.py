@@ -436,3 +436,14 @@ def test_a_published_summary_is_accepted_only_as_the_transcription_this_project_
     with pytest.raises(rawio.RunError) as err:
         rules.accept(edited)
     assert (err.value.rule, err.value.file) == ("published-source", "benchmark.json"), str(err.value)
+
+
+@pytest.mark.parametrize("passed, points, says", [(False, 1.0, "for a check that failed (it earns 0.0)"),
+                                                  (True, 0.0, "for a check that passed (it earns 1")])
+def test_a_scorecard_refusal_says_what_the_check_earns(passed, points, says):
+    run = _base("cpu")
+    check = run["correctness"]["scorecards"][0]["checks"][0]
+    check.update(passed=passed, points=points)
+    with pytest.raises(rawio.RunError, match=r"\[scorecard\]") as err:
+        rules.accept(run, allow_interpret=True)
+    assert says in str(err.value), str(err.value)

@@ -93,7 +93,7 @@ def records(environment: pa.Table) -> str:
                      f"{r['jax']} / {r['jaxlib']}", f"{r['cases_ok']} of {r['cases']}",
                      f"{r['checks_passed']} of {r['checks']}", "yes" if r["interpret"] else "no"])
     return table(["Record", "Source", "Platform", "Device", "Devices visible / used", "JAX / jaxlib",
-                   "Cases ok", "Checks passed (measured kernel)", "Interpret mode"], rows)
+                  "Cases ok", "Checks passed (measured kernel)", "Interpret mode"], rows)
 
 
 def _needed_k(detail: dict[str, Any] | None) -> str | None:
@@ -121,7 +121,8 @@ def _power_settings(record_id: str, platform: str, s: dict[str, Any]) -> str:
         totals.append(f"false rejects {s['false_rejects']} of {s['correct_trials']} correct trials")
     if s["bad_trials"] is not None:
         totals.append(f"missed {s['missed_bad']} of {s['bad_trials']} known-bad trials")
-    return (f"Record {code(record_id)} (measured on {text(platform)}: the grader's numerics, not kernel speed): {seeds}; "
+    return (f"Record {code(record_id)} (measured on {text(platform)}: the grader's numerics, "
+            f"not kernel speed): {seeds}; "
             f"shapes {shapes or '—'}; tolerance k forward {text(policy.get('k_forward'))}, gradient "
             f"{text(policy.get('k_gradient'))}, floor {text(policy.get('floor'))}"
             + (f"; {'; '.join(totals)}" if totals else "") + ".\n")
@@ -173,7 +174,7 @@ def figure_section(benchmark: pa.Table) -> str:
     return (f"![Median-time ratio of each kernel to the XLA reference (Pallas / XLA) against sequence length, per "
             f"record and scope](data/{FIGURE})\n\n"
             + table(["Record", "Scope", "Sequence", "Ratio of", "Median (ms)", "XLA median (ms)",
-                     "Ratio", f"{CONFIDENCE:.0%} CI"], rows))
+                    "Ratio", f"{CONFIDENCE:.0%} CI"], rows))
 
 
 def figure_png(benchmark: pa.Table) -> bytes:

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records.rawio import DOCUMENTS, RunError, dumps
+from ..records.rawio import DOCUMENTS, RunError, dumps, utc_time
 from ..records.secrets import env_var_allowed
 
 from .recompute import check_measured
@@ -117,11 +117,10 @@ def _check_consistency(run: dict[str, Any]) -> None:
         if case["interpret"] and env["platform"] != "cpu":
             raise RunError("interpret", "benchmark.json", f"cases/{i}/interpret",
                            f"case {case['case_id']!r} says interpret mode on a {env['platform']} run")
-    created = env.get("created_utc")
-    if created and dt.datetime.fromisoformat(created.upper().replace("Z", "+00:00")) > (
-            dt.datetime.now(dt.timezone.utc) + CLOCK_SKEW):
+    created = utc_time(env.get("created_utc"))
+    if created is not None and created > dt.datetime.now(dt.timezone.utc) + CLOCK_SKEW:
         raise RunError("created-utc", "environment.json", "created_utc",
-                       f"{created} is in the future of this build's clock")
+                       f"{env['created_utc']} is in the future of this build's clock")
     if env["devices_used"] > env["device_count"]:
         raise RunError("devices", "environment.json", "devices_used",
                        f"{env['devices_used']} used but only {env['device_count']} visible")

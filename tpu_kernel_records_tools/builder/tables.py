@@ -22,13 +22,13 @@ Every row carries ``record_id``, ``source``, ``platform`` and ``interpret``.
 
 from __future__ import annotations
 
-import datetime as dt
 import json
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..records.rawio import utc_time
 from ..records.schema import CONFIG_NAMES, FEATURES
 
 from .rules import Accepted
@@ -67,13 +67,6 @@ def power_detail(entry: dict[str, Any]) -> dict[str, Any]:
                                             for f in ("max_ratio", "needed_k", "needed_floor_eps")}}
                             for key in sorted(calibration)],
             "other": _other(entry, {*POWER_COLUMNS, *own, "calibration"})}
-
-
-def utc_time(text: str | None) -> dt.datetime | None:
-    """An RFC 3339 time (``...Z`` or with an offset) as an aware UTC datetime; None stays None."""
-    if text is None:
-        return None
-    return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(dt.timezone.utc)
 
 
 def _common(acc: Accepted) -> dict[str, Any]:

@@ -50,8 +50,15 @@ def is_date_time(value: object) -> bool:
         return True  # formats constrain strings only; the type keyword handles the rest
     if not RFC3339.match(value):
         raise ValueError(f"{value!r} is not an RFC 3339 date-time such as 2026-01-01T00:00:00Z")
-    dt.datetime.fromisoformat(value.upper().replace("Z", "+00:00"))  # raises ValueError for 2026-13-01 etc.
+    utc_time(value)  # raises ValueError for 2026-13-01 etc.
     return True
+
+
+def utc_time(text: str | None) -> dt.datetime | None:
+    """An RFC 3339 time (``...Z`` or with an offset) as an aware UTC datetime; None stays None."""
+    if text is None:
+        return None
+    return dt.datetime.fromisoformat(text.upper().replace("Z", "+00:00")).astimezone(dt.timezone.utc)
 
 
 @functools.cache
