@@ -148,14 +148,17 @@ def _timed_case(samples=6, entropy="0" * 32):
     from tpu_kernel_records_tools.bench import roofline, stats
     from tpu_kernel_records_tools.bench.submitted import checked_samples as picks
 
+    from tpu_kernel_records_tools.builder.submitted import timed_signature
+
     times = [1.0 + 0.1 * i for i in range(samples)]
     case = {"case_id": "flash-submitted-s128", "program_sha256": "a" * 64, "samples_ms": times,
-            "shape": {"batch": 1, "q_len": 8, "num_q_heads": 2, "head_dim": 8}, "flops": 1e6, "bytes_moved": 1e5,
+            "shape": {"batch": 1, "q_len": 8, "kv_len": 8, "num_q_heads": 2, "num_kv_heads": 1, "head_dim": 8},
+            "dtype": "float32", "causal": True, "padded": True, "flops": 1e6, "bytes_moved": 1e5,
             "roofline_floor_ms": None, **stats.summarize(times), **roofline.rates(1e6, 1e5, None, "cpu", 1),
             "output_checks": [{"sample": i, "passed": True, "detail": "ok"}
                               for i in picks(samples, entropy, "flash-submitted-s128")]}
     case.update(roofline.rates(case["flops"], case["bytes_moved"], case["median_ms"], "cpu", 1))
-    programs = {"a" * 64: {"cases": [case["case_id"]], "signature": {"q": [1, 8, 2, 8]}}}
+    programs = {"a" * 64: {"cases": [case["case_id"]], "signature": timed_signature(case)}}
     return case, programs
 
 
