@@ -12,6 +12,7 @@ that each break one of ``load_program``'s checks, or just keep to it.
 from __future__ import annotations
 
 import copy
+import re
 import hashlib
 import json
 from typing import Any, Callable
@@ -112,6 +113,10 @@ def test_the_builders_timed_call_is_the_one_measure_exports_for_every_profile():
         for platform in ("cpu", "tpu") if profile.model is None else ("tpu",):
             for case in submission.templates_for(profile, submission.bench_scopes(profile), 0, platform):
                 assert timed_signature(submission._template_record(case)) == submission.case_signature(case).to_dict()
+    cross = {"shape": {"batch": 2, "q_len": 128, "kv_len": 384, "num_q_heads": 4, "num_kv_heads": 2, "head_dim": 64},
+             "dtype": "bfloat16", "causal": True, "padded": False}  # no profile has q_len != kv_len yet
+    assert timed_signature(cross) == {"q": [2, 128, 4, 64], "k": [2, 384, 2, 64], "v": [2, 384, 2, 64],
+                                      "dtype": "bfloat16", "causal": True, "has_lengths": False, "scale": 0.125}
 
 
 @pytest.mark.parametrize("kind", ["cpu", "v5e"])
@@ -344,3 +349,143 @@ def test_programs_are_checked_only_against_their_files(base):
     run, _ = as_read(base["cpu"])
     e = refusal(run, None)
     assert (e.rule, e.file, e.field) == ("program-file", "correctness.json", "submission/programs/0")
+
+
+# --- the programs: grading.export.load_program -------------------------------------------------------
+
+SIG = {"q": (1, 8, 2, 8), "k": (1, 8, 1, 8), "v": (1, 8, 1, 8), "dtype": "float32", "causal": False,
+       "has_lengths": False, "scale": None}
+# Stated here, apart from grading.export: Pallas' lowerings (Mosaic TPU, Triton and Mosaic GPU) and JAX's markers.
+ALLOWED = {"tpu_custom_call", "triton_kernel_call", "__gpu$xla.gpu.triton", "mosaic_gpu", "mosaic_gpu_v2",
+           "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "shape_assertion"}
+
+
+def _sig(**change):
+    from tpu_kernel_records_tools.grading.export import Signature
+
+    return Signature.from_dict({**SIG, **change})
+
+
+def export(fn, *, sig=None, platforms=("cpu",), targets=(), **replace) -> bytes:
+    """A real ``jax.export`` program of ``fn(q, k, v)`` with its VJP, as the sandboxed exporter serializes it
+    (``targets``: custom calls JAX's own export check is told to let through; ``replace``: Exported fields)."""
+    import dataclasses
+
+    import jax
+    import jax.export
+
+    checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
+    exported = jax.export.export(jax.jit(fn), platforms=platforms, disabled_checks=checks)(
+        *(sig or _sig()).abstract_args())
+    return bytes(dataclasses.replace(exported, **replace).serialize(vjp_order=1))
+
+
+def _calls(target: str, *, in_vjp: bool = False):
+    """``q`` through a custom call to ``target`` (made with ``jax.ffi``), in the forward or only in the VJP."""
+    import jax
+
+    def call(x):
+        return jax.ffi.ffi_call(target, jax.ShapeDtypeStruct(x.shape, x.dtype))(jax.lax.stop_gradient(x))
+    if not in_vjp:
+        return lambda q, k, v: call(q)
+
+    @jax.custom_vjp
+    def through(q):
+        return q
+    through.defvjp(lambda q: (q, None), lambda _, ct: (call(ct),))
+    return lambda q, k, v: through(q)
+
+
+def _honest(q, k, v):
+    return q * (k.sum() + v.sum())
+
+
+def _load(data: bytes, sig=None):
+    from tpu_kernel_records_tools.grading.export import load_program
+
+    return load_program(data, sig or _sig(), "cpu")
+
+
+def _refused(data: bytes, match: str, sig=None):
+    from tpu_kernel_records_tools.grading.export import ProgramRefused
+
+    with pytest.raises(ProgramRefused, match=match) as err:
+        _load(data, sig)
+    assert "\n" not in str(err.value)
+
+
+def test_the_allow_list_is_the_kernel_lowerings_and_jaxs_markers():
+    from tpu_kernel_records_tools.grading.export import ALLOWED_CUSTOM_CALLS
+
+    assert ALLOWED_CUSTOM_CALLS == ALLOWED
+
+
+@pytest.mark.parametrize("target", sorted(ALLOWED))
+def test_a_program_calling_an_allowed_custom_call_loads(target):
+    exported = _load(export(_calls(target), targets=[target]))
+    assert exported.has_vjp()
+
+
+@pytest.mark.parametrize("target", ["xla_ffi_python_cpu_callback", "xla_python_cpu_callback", "tpu_custom_call.x",
+                                    "Sharding-x", "tpu_custom_call x", 'tpu_custom_call"', "tpu_custom_call\\"])
+@pytest.mark.parametrize("in_vjp", [False, True], ids=["forward", "vjp"])
+def test_a_program_calling_one_custom_call_outside_the_allow_list_is_refused(target, in_vjp):
+    """Host callbacks, and names one character from an allowed one: printed bare, or quoted where MLIR must."""
+    part = "VJP" if in_vjp else "forward"
+    _refused(export(_calls(target, in_vjp=in_vjp), targets=[target]),
+             rf"its {part} calls custom_call \[{re.escape(repr(target))}\]")
+
+
+def test_a_program_calling_lapack_is_refused():
+    """No hand-made target: JAX's own CPU lowering of an LU decomposition, a custom call it allows."""
+    import jax
+
+    _refused(export(lambda q, k, v: q * jax.lax.linalg.lu(k[0, :, 0, :])[0].sum()),
+             r"its forward calls custom_call \['lapack_sgetrf_ffi'\]")
+
+
+@pytest.fixture(scope="module")
+def honest():
+    import jax
+
+    data = export(_honest)
+    return data, jax.export.deserialize(bytearray(data))
+
+
+@pytest.mark.parametrize("which", ["ordered_effects", "unordered_effects", "vjp"])
+def test_a_program_with_side_effects_is_refused(honest, which):
+    """JAX 0.10 will not serialize a host callback, but the exporter's bytes are the submitter's: effects
+    as bytes may carry them (FfiEffect, one JAX deserializes), in the forward or only in the VJP."""
+    import dataclasses
+
+    from jax._src.ffi import FfiEffect
+
+    _, exported = honest
+    if which == "vjp":
+        vjp = dataclasses.replace(exported.vjp(), unordered_effects=(FfiEffect(),))
+        data = bytes(dataclasses.replace(exported, _get_vjp=lambda _: vjp).serialize(vjp_order=1))
+    else:
+        data = bytes(dataclasses.replace(exported, **{which: (FfiEffect(),)}).serialize(vjp_order=1))
+    _refused(data, rf"its {'VJP' if which == 'vjp' else 'forward'} has side effects \(\['FFI'\]\)")
+
+
+def test_the_honest_program_loads_and_one_for_two_platforms_or_devices_does_not(honest):
+    import dataclasses
+
+    data, exported = honest
+    assert _load(data).has_vjp()
+    _refused(export(_honest, platforms=("cpu", "tpu")), r"targets \['cpu', 'tpu'\], not \['cpu'\]")
+    _refused(bytes(dataclasses.replace(exported, nr_devices=2).serialize(vjp_order=1)), "runs on 2 devices, not 1")
+
+
+@pytest.mark.parametrize("change, sig", [
+    (None, _sig(dtype="bfloat16")),                                     # inputs of another dtype only
+    (None, _sig(has_lengths=True)),                                     # one argument fewer
+    (lambda q, k, v: (q, q), None),                                     # inputs right, two results
+    (lambda q, k, v: q[..., :7], None),                                 # inputs right, a narrower result
+    (lambda q, k, v: (q * 2).astype("bfloat16"), None),                 # inputs right, a bfloat16 result
+    (lambda q, k, v: (q * 2).astype("bfloat16"), _sig(dtype="bfloat16")),  # result right, float32 inputs
+], ids=["input-dtype", "input-count", "two-results", "result-shape", "result-dtype", "input-dtype-only"])
+def test_a_program_not_of_the_signatures_shapes_is_refused(honest, change, sig):
+    data = honest[0] if change is None else export(change)
+    _refused(data, "not the signature's", sig)

@@ -33,7 +33,9 @@ ALLOWED_CUSTOM_CALLS = frozenset({
     "mosaic_gpu", "mosaic_gpu_v2",                         # Pallas on GPU (Mosaic GPU)
     "Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape", "shape_assertion",
 })
-_CUSTOM_CALL = re.compile(r'custom_call\s*@([\w$.\-]+)|call_target_name\s*=\s*"([^"]*)"')
+# A target is printed bare (@name) or, where it is not an identifier, quoted (@"a b", escapes \\ and \XX).
+_CUSTOM_CALL = re.compile(r'custom_call\s*@(?:"([^"]*)"|([\w$.\-]+))|call_target_name\s*=\s*"([^"]*)"')
+_ESCAPE = re.compile(r'\\(\\|[0-9a-fA-F]{2})')
 EXPORT_LIMIT_S = 600.0         # the exporter's whole budget (worker start excluded)
 PROGRAM_LIMIT_BYTES = 256 << 20  # all serialized programs of one export together
 
@@ -128,7 +130,8 @@ def _one_line(text: str, limit: int = 400) -> str:
 
 def custom_calls(mlir_text: str) -> set[str]:
     """Every ``custom_call`` target named in a StableHLO module's text."""
-    return {a or b for a, b in _CUSTOM_CALL.findall(mlir_text)}
+    return {_ESCAPE.sub(lambda m: "\\" if m[1] == "\\" else chr(int(m[1], 16)), a or b or c)
+            for a, b, c in _CUSTOM_CALL.findall(mlir_text)}
 
 
 def load_program(data: bytes, sig: Signature, platform: str):
