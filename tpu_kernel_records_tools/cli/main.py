@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Sequence
 
 from ..cli import calibrate, plan, release, rubric
+from ..cli.exits import exit_with
 from ..bench.cases import PROFILES, SCOPES
 from ..records.schema import VERSION
 
@@ -47,7 +48,7 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--warmups", type=_count(0), metavar="N", help="untimed calls per case (profile default 5)")
     p.add_argument("--samples", type=_count(1), metavar="N", help="timed samples per case (profile default 20)")
     p.add_argument("--scopes", nargs="+", choices=SCOPES, metavar="SCOPE",
-                   help=f"any of {', '.join(SCOPES)}; default softmax attention (all four on tpu-v5e/gpu)")
+                   help=f"any of {', '.join(SCOPES)}; default softmax attention (all {len(SCOPES)} on tpu-v5e/gpu)")
     p.add_argument("--seed", type=int, default=0, help="inputs, bootstrap CIs and the rubric (default 0)")
     p.add_argument("--power-seeds", type=_count(0), default=0, metavar="N",
                    help="seeds for the rubric's grader-power summary (default 0: none)")
@@ -58,6 +59,9 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
                    help="measure a submitted kernel instead (path/to/file.py:function or module:function): "
                         "exported in a sandbox per call signature, its programs graded and timed beside XLA "
                         "and the flash kernel at the profile's flash and model shapes (needs --name)")
+    p.add_argument("--candidate-dir", type=Path, metavar="DIR",
+                   help="with --candidate: the folder of a kernel that spans several files, bound read-only into "
+                        "the exporter's sandbox (only the candidate file itself otherwise)")
     p.add_argument("--name", help="the submitted kernel's name in the records (a-z, 0-9, '.', '_', '-')")
     p.add_argument("--level", choices=("full", "quick"), default="full",
                    help="the rubric level a submitted kernel is graded at (default full)")
@@ -73,11 +77,15 @@ def _measure(args: argparse.Namespace) -> int:
     if args.candidate is not None or args.name is not None:
         if not (args.candidate and args.name):
             raise ValueError("--candidate and --name go together")
+        from ..grading import memcg
         from ..grading.export import ProgramRefused
+        warning = memcg.warning("tpu-kernel-records measure")
+        if warning:
+            print(warning, file=sys.stderr)
         try:
             out = run_submitted(args.candidate, args.name, args.out, profile=args.profile, warmups=args.warmups,
                                 samples=args.samples, seed=args.seed, level=args.level, isolation=args.isolation,
-                                progress=not args.quiet)
+                                progress=not args.quiet, candidate_dir=args.candidate_dir)
         except ProgramRefused as error:
             print(f"tpu-kernel-records measure: refused: {error}", file=sys.stderr)
             return 1
@@ -116,5 +124,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
 
 
+def entry() -> None:
+    """The ``tpu-kernel-records`` console script: :func:`main`, then ``cli.exits.exit_with`` its status."""
+    exit_with(main, None, "tpu-kernel-records")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -25,7 +25,9 @@ import textwrap
 from pathlib import Path
 from typing import Sequence
 
+from ..cli.exits import exit_with
 from ..grading.candidates import BUILTIN, CandidateSpecError, resolve
+from ..grading import memcg
 from ..grading.isolation import CHOICES, IsolationUnavailable, choose
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
@@ -45,6 +47,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate", action="append", default=[], metavar="NAME_OR_PATH",
                    help="a built-in name (see --list), path/to/file.py:function or package.module:function; "
                         "repeat for several")
+    p.add_argument("--candidate-dir", type=Path, metavar="DIR",
+                   help="the folder of a kernel that spans several files: bound read-only into the sandbox "
+                        "(at /candidate) and put first on the worker's sys.path, so its modules import each "
+                        "other; a file candidate must lie inside it. Without it, only the candidate file itself "
+                        "(or a module candidate's own package) is visible to the candidate, never its neighbours")
     p.add_argument("--seed", type=int, default=0, help="seed of the fresh inputs (default 0)")
     p.add_argument("--quick", action="store_true",
                    help="grade at the quick level (small fixed shapes, for fast tests) instead of the full "
@@ -55,8 +62,11 @@ def _parser() -> argparse.ArgumentParser:
                         f"(loading included, interpreter start not); past it the worker and every process it "
                         f"started are killed and the remaining checks fail (default {DEFAULT_TIME_LIMIT_S:g})")
     p.add_argument("--memory-limit", type=_non_negative, default=DEFAULT_MEMORY_LIMIT_GB, metavar="GB",
-                   help=f"address-space limit of each candidate's worker in GiB, 0 for none "
-                        f"(default {DEFAULT_MEMORY_LIMIT_GB:g}; JAX on CPU needs about 2 to start)")
+                   help=f"memory limit of each candidate's worker in GiB, 0 for none (default "
+                        f"{DEFAULT_MEMORY_LIMIT_GB:g}): the limit of a memory cgroup of its own, which counts "
+                        f"memfds, tmpfs files and pipes too and OOM-kills the worker alone (needs root or a "
+                        f"delegated cgroup); elsewhere, with a warning, an address-space limit (JAX on CPU "
+                        f"needs about 2 GiB of it to start). Each scorecard's memory_limit says which")
     p.add_argument("--isolation", choices=CHOICES, default="auto",
                    help="where each candidate's worker runs: bubblewrap (namespaces, read-only file system, no "
                         "network, an unprivileged uid), process (a plain child process: the opt-out, for code you "
@@ -149,9 +159,10 @@ def _list() -> int:
     return EXIT_OK
 
 
-def isolation_allowed(isolation: str, cands) -> bool:
+def isolation_allowed(isolation: str, cands, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> bool:
     """Whether ``cands`` may be graded under ``isolation`` here: False after one line on stderr saying why
-    and how to install bubblewrap; a stranger's code graded as a plain process gets a warning."""
+    and how to install bubblewrap; a stranger's code graded as a plain process gets a warning, and so
+    does a stranger's code whose memory no cgroup can hold here (``grading.memcg``)."""
     try:
         where = {c.name: choose(isolation, c) for c in cands}
     except IsolationUnavailable as e:
@@ -162,6 +173,10 @@ def isolation_allowed(isolation: str, cands) -> bool:
     if strangers:
         print(f"tpu-kernel-rubric: warning: grading {', '.join(strangers)} without bubblewrap (--isolation process): "
               f"its code runs as this user, with this user's files and network", file=sys.stderr)
+    if any(BUILTIN.get(c.name) is not c for c in cands) and memory_limit_gb > 0:
+        warning = memcg.warning("tpu-kernel-rubric")
+        if warning:
+            print(warning, file=sys.stderr)
     return True
 
 
@@ -238,14 +253,14 @@ def _grade(args) -> int:
         print("tpu-kernel-rubric: name at least one --candidate (or use --list / --power)", file=sys.stderr)
         return EXIT_USAGE
     try:
-        cands = [resolve(c) for c in args.candidate]
+        cands = [resolve(c, root=args.candidate_dir) for c in args.candidate]
     except CandidateSpecError as e:
         print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
         return EXIT_USAGE
 
     from ..grading.rubric import grade_all
 
-    if not isolation_allowed(args.isolation, cands):
+    if not isolation_allowed(args.isolation, cands, args.memory_limit):
         return EXIT_USAGE
     level = "quick" if args.quick else "full"
     cards = grade_all(cands, seed=args.seed, level=level, progress=not args.quiet, time_limit_s=args.time_limit,
@@ -261,7 +276,7 @@ def _grade(args) -> int:
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
     full = _parser()
-    grade_opts = {"--candidate", "--seed", "--quick", "--timeout", "--memory-limit", "--isolation", "--json", "--list",
+    grade_opts = {"--candidate", "--candidate-dir", "--seed", "--quick", "--timeout", "--memory-limit", "--isolation", "--json", "--list",
                   "--quiet"}
     power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
                   "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume", "--isolation"}
@@ -288,5 +303,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return _grade(args)
 
 
+def entry() -> None:
+    """The ``tpu-kernel-rubric`` console script: :func:`main`, then ``cli.exits.exit_with`` its status."""
+    exit_with(main, None, "tpu-kernel-rubric")
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

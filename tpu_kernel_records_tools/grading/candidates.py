@@ -16,6 +16,7 @@ import functools
 import hashlib
 import importlib
 import importlib.util
+import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,7 @@ class Candidate:
     doc: str
     loader: Callable[[], Attention] = field(repr=False)
     catches: tuple[str, ...] = ()
+    root: str | None = None  # a folder the user named for a kernel of several files: bound, first on sys.path
 
     def load(self) -> Attention:
         """Import and return the callable; raises :class:`CandidateLoadError` with the reason."""
@@ -713,11 +715,13 @@ def _load_external(spec: str, target: str, function: str) -> Callable[[], Attent
     return load
 
 
-def resolve(spec: str | Candidate) -> Candidate:
+def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Candidate:
     """A built-in name, ``path/to/file.py:function`` or ``package.module:function`` as a Candidate.
 
-    Raises :class:`CandidateSpecError` for a spec of neither form (the file or module itself is only
-    imported by :meth:`Candidate.load`).
+    ``root``: the folder of a kernel that spans several files (its modules import each other from it); a
+    file spec must lie inside it. Raises :class:`CandidateSpecError` for a spec of neither form, or a
+    root that is not a folder or does not hold the file (the file or module itself is only imported by
+    :meth:`Candidate.load`).
     """
     if isinstance(spec, Candidate):
         return spec
@@ -735,4 +739,12 @@ def resolve(spec: str | Candidate) -> Candidate:
     if not (target.endswith(".py") or "/" in target or "\\" in target) and \
             not all(part.isidentifier() for part in target.split(".")):
         raise CandidateSpecError(f"bad candidate spec {spec!r}: {target!r} is neither a .py file nor a module path")
-    return Candidate(spec, "external", f"External candidate {spec}.", _load_external(spec, target, function))
+    if root is not None:
+        root = os.path.realpath(os.path.expanduser(root))
+        if not os.path.isdir(root):
+            raise CandidateSpecError(f"candidate folder {root} is not a folder")
+        is_file = target.endswith(".py") or "/" in target or "\\" in target
+        if is_file and not os.path.realpath(os.path.expanduser(target)).startswith(root.rstrip("/") + "/"):
+            raise CandidateSpecError(f"candidate file {target} is not inside the candidate folder {root}")
+    return Candidate(spec, "external", f"External candidate {spec}.", _load_external(spec, target, function),
+                     root=root)

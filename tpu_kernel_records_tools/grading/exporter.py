@@ -12,9 +12,11 @@ from ..grading.export import EXPORT_LIMIT_S, PROGRAM_LIMIT_BYTES, ProgramRefused
 
 
 def export_candidate(spec: str, signatures: Iterable[Signature], *, platform: str, isolation: str = "auto",
-                     time_limit_s: float = EXPORT_LIMIT_S) -> dict[str, bytes]:
-    """Export ``spec`` (``file.py:fn`` or ``module:fn``) at every signature in a sandboxed worker;
-    returns signature key -> serialized program. Raises :class:`ProgramRefused` with one line."""
+                     time_limit_s: float = EXPORT_LIMIT_S, root: str | None = None) -> dict[str, bytes]:
+    """Export ``spec`` (``file.py:fn`` or ``module:fn``; ``root``: the folder of a kernel of several
+    files) at every signature in a sandboxed worker, under the default memory limit (its cgroup where
+    one can be had, ``grading.memcg``); returns signature key -> serialized program. Raises
+    :class:`ProgramRefused` with one line."""
     from ..grading import isolation as isolations
     from ..grading.candidates import BUILTIN, CandidateSpecError, resolve
     from ..grading.runner import Runner
@@ -22,7 +24,7 @@ def export_candidate(spec: str, signatures: Iterable[Signature], *, platform: st
     from ..grading.worker import ProtocolError
 
     try:
-        cand = resolve(spec)
+        cand = resolve(spec, root=root)
     except CandidateSpecError as e:
         raise ProgramRefused(str(e)) from None
     if cand.name in BUILTIN:

@@ -4,11 +4,15 @@
 unprivileged uid, with no capabilities, ``--new-session``, ``--die-with-parent``, further user
 namespaces disabled, and a file system that is read-only everywhere except a private tmpfs ``/tmp``
 of :data:`TMP_LIMIT_BYTES` (its working directory and home) and a ``/dev/shm`` of
-:data:`SHM_LIMIT_BYTES`. Only what the worker needs is bound in, read-only: ``/usr`` (and the
-``/lib*``, ``/bin`` links), the interpreter's prefixes, every directory on the grader's ``sys.path``
-(the project, site-packages) with any ``.git`` inside hidden, the candidate's file (copied in) and
-folder at ``/candidate``, and, unless ``JAX_PLATFORMS=cpu``, an accelerator's device nodes (``/dev/accel*``,
-``/dev/vfio``, ``/dev/nvidia*``; then ``/sys`` read-only too). ``/dev`` is bwrap's minimal one
+:data:`SHM_LIMIT_BYTES`. Only what the worker imports is bound in, read-only: ``/usr`` (and the
+``/lib*``, ``/bin`` links), the interpreter's folders with its standard library and site-packages
+(:func:`interpreter_sources`), this project's package folders ``tpu_kernel_records_tools/`` and
+``kernel_src/`` (not the checkout around them), with any ``.git`` inside a bound folder hidden; of the
+candidate, its file alone (copied in at ``/candidate/NAME.py``), or the folder the user named for a kernel
+of several files (``--candidate-dir``, at ``/candidate``), or a module candidate's top-level package.
+Never the grader's working directory, the home folder, the candidate's neighbours or the checkout's
+other files (``.env``, ``runs/``, ``data/``). Unless ``JAX_PLATFORMS=cpu``, an accelerator's device
+nodes (``/dev/accel*``, ``/dev/vfio``, ``/dev/nvidia*``; then ``/sys`` read-only too). ``/dev`` is bwrap's minimal one
 (null, zero, random, urandom, tty); of ``/sys``, the CPU topology. The network namespace's loopback reaches nothing outside.
 bwrap itself gets the worker's allow-listed environment (it is PID 1 of the sandbox, its
 ``/proc/1/environ`` readable there), and ``--clearenv`` plus ``--setenv`` give the worker the same.
@@ -82,24 +86,90 @@ def accelerator_nodes(environ) -> list[str]:
     return sorted({p for pattern in ACCELERATOR_NODES for p in glob.glob(pattern)})
 
 
-def _bound_sources(extra_dirs=()) -> list[str]:
-    """Existing directories the worker reads: the interpreter's prefixes, ``sys.path``, ``extra_dirs``;
-    nested ones dropped (their parent is bound)."""
-    wanted = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-              os.path.dirname(os.path.realpath(sys.executable)), *(p or os.curdir for p in sys.path), *extra_dirs]
+def _contains(folder: str, path: str) -> bool:
+    folder = folder.rstrip("/") or "/"
+    return path == folder or path.startswith(folder.rstrip("/") + "/")
+
+
+def _keep_out() -> list[str]:
+    """What no bound folder may hold: the working directory and the home folder (tokens, notes, checkouts)."""
+    return [os.path.realpath(p) for p in (os.getcwd(), os.path.expanduser("~")) if p]
+
+
+def interpreter_sources() -> list[str]:
+    """Folders of the interpreter: its prefixes (a virtual environment's and the base installation's, with
+    their standard library and site-packages) and its real executable's folder. A prefix holding the
+    working directory or the home folder is replaced by its ``bin`` and ``lib*`` folders."""
+    import sysconfig
+
+    wanted = {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+              os.path.dirname(os.path.realpath(sys.executable)),
+              *(path for name, path in sysconfig.get_paths().items() if name.endswith(("lib", "stdlib")))}
+    keep_out, out = _keep_out(), []
+    for folder in sorted({os.path.realpath(p) for p in wanted}):
+        parts = [folder]
+        if any(_contains(folder, secret) for secret in keep_out):
+            parts = [os.path.join(folder, name) for name in ("bin", "lib", "lib64")]
+        out += [p for p in parts if os.path.isdir(p) and not any(_contains(p, s) for s in keep_out)]
+    return out
+
+
+def project_packages() -> list[str]:
+    """The folders of this project's packages that a worker imports (not the checkout around them)."""
+    import importlib.util
+
+    out = []
+    for name in ("tpu_kernel_records_tools", "kernel_src"):
+        spec = importlib.util.find_spec(name)
+        out += [os.path.realpath(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return out
+
+
+def module_sources(module: str) -> list[str]:
+    """Where the top-level package (or single-file module) of a ``module:function`` candidate lies, found
+    without running it; [] for one that is not found or lies in the interpreter's or project's folders."""
+    import importlib.util
+
+    try:
+        spec = importlib.util.find_spec(module.split(".")[0])
+    except (ImportError, ValueError):
+        return []
+    if spec is None:
+        return []
+    places = list(spec.submodule_search_locations or []) or ([spec.origin] if spec.origin else [])
+    bound = interpreter_sources() + project_packages()
+    return [p for p in map(os.path.realpath, places)
+            if os.path.exists(p) and not any(_contains(b, p) for b in bound)]
+
+
+def _bound_sources(extra=()) -> list[str]:
+    """Existing folders the worker reads: the interpreter's, the project's packages, ``extra``; nested
+    ones dropped (their parent is bound). Never ``/``, ``/usr`` (bound apart) or ``/proc``, ``/sys``,
+    ``/dev``."""
     dirs = []
-    for p in wanted:
+    for p in [*interpreter_sources(), *project_packages(), *extra]:
         p = os.path.realpath(p)
-        if p.endswith((".zip", ".egg")) and os.path.isfile(p):
-            p = os.path.dirname(p)
         if os.path.isdir(p) and p not in ("/", "/usr") and not p.startswith(("/usr/", "/proc", "/sys", "/dev")):
             dirs.append(p)
     dirs = sorted(set(dirs))
-    return [d for d in dirs if not any(d != o and d.startswith(o.rstrip("/") + "/") for o in dirs)]
+    return [d for d in dirs if not any(d != o and _contains(o, d) for o in dirs)]
 
 
-def inside_path(candidate_file: str) -> str:
-    """Where a candidate's file is seen inside the sandbox (its host path may lie under /tmp)."""
+def worker_path(candidate_root: str | None = None, module: str | None = None) -> list[str]:
+    """The folders put first on a sandboxed worker's ``sys.path``: the candidate's root (seen at
+    :data:`CANDIDATE_DIR`), its module's parent folder, the project packages' parents."""
+    out = [CANDIDATE_DIR] if candidate_root else []
+    out += [os.path.dirname(p) for p in (module_sources(module) if module and not candidate_root else [])]
+    out += [os.path.dirname(p) for p in project_packages()]
+    return list(dict.fromkeys(out))
+
+
+def inside_path(candidate_file: str, candidate_root: str | None = None) -> str:
+    """Where a candidate's file is seen inside the sandbox (its host path may lie under /tmp): under
+    :data:`CANDIDATE_DIR`, by its path inside ``candidate_root`` when one is bound, else by its name."""
+    if candidate_root:
+        relative = os.path.relpath(os.path.realpath(candidate_file), os.path.realpath(candidate_root))
+        return f"{CANDIDATE_DIR}/{relative}"
     return f"{CANDIDATE_DIR}/{os.path.basename(candidate_file)}"
 
 
@@ -112,11 +182,12 @@ class Launch:
 
 
 def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candidate_file: str | None = None,
-          extra_dirs=()) -> Launch:
+          candidate_root: str | None = None, candidate_module: str | None = None) -> Launch:
     """The launch of ``command`` inside bubblewrap with ``env`` (already allow-listed; HOME etc. are
-    replaced by /tmp), keeping ``keep_fds`` open, with ``candidate_file`` copied in at its own path and
-    its folder bound. ``stage_dir``: an empty folder of this sandbox (a root grader stages its
-    sources there)."""
+    replaced by /tmp), keeping ``keep_fds`` open. Of the candidate, only what names its code is bound:
+    ``candidate_root`` (a folder the user named) at :data:`CANDIDATE_DIR`; else ``candidate_file`` alone,
+    copied in at :func:`inside_path`, and a ``candidate_module``'s top-level package (or file) at its own
+    path. ``stage_dir``: an empty folder of this sandbox (a root grader stages its sources there)."""
     bwrap = bwrap_path()
     if bwrap is None:
         raise IsolationUnavailable(f"bubblewrap (bwrap) is not installed: {INSTALL_HINT}")
@@ -125,8 +196,8 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
         inner_env[name] = "/tmp"
     inner_env["PYTHONDONTWRITEBYTECODE"] = "1"
     root = os.geteuid() == 0
-    folder = os.path.dirname(os.path.realpath(candidate_file)) if candidate_file else None
-    sources = _bound_sources(extra_dirs)
+    module_places = module_sources(candidate_module) if candidate_module and not candidate_root else []
+    sources = _bound_sources([p for p in module_places if os.path.isdir(p)])
     stage = []
     argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
@@ -144,28 +215,38 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
     # The private /tmp before the sources: bwrap mounts in order, so a source under /tmp (a CI job's
     # virtualenv, a clone in a temporary folder) is bound on top of it instead of hidden by it.
     argv += ["--size", str(TMP_LIMIT_BYTES), "--tmpfs", "/tmp"]
-    for i, source in enumerate(sources):
+
+    def bind(source: str, target: str) -> None:
         seen = source
         if root:
-            seen = os.path.join(stage_dir, str(i))
+            seen = os.path.join(stage_dir, str(len(stage)))
             os.mkdir(seen, 0o755)
             stage.append((source, seen))
-        argv += ["--ro-bind", seen, source]
-        if os.path.isdir(os.path.join(source, ".git")):
-            argv += ["--tmpfs", os.path.join(source, ".git"), "--remount-ro", os.path.join(source, ".git")]
+        nonlocal argv
+        argv += ["--ro-bind", seen, target]
+        git = os.path.join(source, ".git")
+        if os.path.isdir(git):
+            argv += ["--tmpfs", os.path.join(target, ".git"), "--remount-ro", os.path.join(target, ".git")]
+        elif os.path.lexists(git):
+            argv += ["--ro-bind", "/dev/null", os.path.join(target, ".git")]
+
+    for source in sources:
+        bind(source, source)
     fds, close_after = list(keep_fds), []
-    if candidate_file:  # its folder (when the sandbox's uid may read it) and a copy of the file, at CANDIDATE_DIR
-        if not root or os.stat(folder).st_mode & 0o005 == 0o005:
-            seen = folder
-            if root:
-                seen = os.path.join(stage_dir, "candidate")
-                os.mkdir(seen, 0o755)
-                stage.append((folder, seen))
-            argv += ["--ro-bind", seen, CANDIDATE_DIR]
-        fd = os.open(candidate_file, os.O_RDONLY)
+
+    def copy_in(path: str, target: str) -> None:
+        fd = os.open(path, os.O_RDONLY)
         fds.append(fd)
         close_after.append(fd)
-        argv += ["--ro-bind-data", str(fd), inside_path(candidate_file)]
+        argv.extend(["--ro-bind-data", str(fd), target])
+
+    if candidate_root:
+        bind(os.path.realpath(candidate_root), CANDIDATE_DIR)
+    elif candidate_file:
+        copy_in(candidate_file, inside_path(candidate_file))
+    for place in module_places:
+        if os.path.isfile(place):
+            copy_in(place, place)
     argv += ["--proc", "/proc", "--dev", "/dev", "--size", str(SHM_LIMIT_BYTES), "--tmpfs", "/dev/shm"]
     nodes = accelerator_nodes(env)
     for node in nodes:

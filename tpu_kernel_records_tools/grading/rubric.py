@@ -70,6 +70,7 @@ class Scorecard:
     verdicts: dict = field(default_factory=dict, repr=False)  # check name -> tolerance verdicts (for power)
     tampered: bool = False  # the candidate changed files the grader runs (grading.tripwire): stop grading
     isolation: str = "process"  # where its worker ran: "bubblewrap" or "process" (grading.isolation)
+    memory_limit: str | None = None  # what bounded its worker's memory: grading.memcg.KINDS; None: no worker ran
 
     @property
     def passed(self) -> bool:
@@ -91,7 +92,8 @@ class Scorecard:
         """The ``$defs/scorecard`` object of ``records/schemas/correctness.schema.json``."""
         return {"candidate": self.candidate, "kind": self.kind, "passed": self.passed, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "level": self.level,
-                "isolation": self.isolation, "checks": [c.to_dict() for c in self.checks]}
+                "isolation": self.isolation, **({"memory_limit": self.memory_limit} if self.memory_limit else {}),
+                "checks": [c.to_dict() for c in self.checks]}
 
 
 def _all_failed(reason: str) -> list[CheckResult]:
@@ -107,8 +109,8 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     ``level``: "full" (the problem distribution of ``grading.problems``) or "quick" (small fixed shapes,
     for fast tests). ``time_limit_s``: seconds of waiting on the candidate per scorecard, all calls together (loading
     included, the worker's interpreter and JAX start not); once it runs out, the worker is killed and
-    the remaining checks fail as "not run". ``memory_limit_gb``: the worker's address-space limit
-    (0: none). ``isolation``: "auto" (bubblewrap for anything but a built-in), "bubblewrap" or "process"
+    the remaining checks fail as "not run". ``memory_limit_gb``: the worker's memory limit in GiB (its
+    memory cgroup's, else its address space's: ``grading.memcg``; 0: none). ``isolation``: "auto" (bubblewrap for anything but a built-in), "bubblewrap" or "process"
     (``grading.isolation``). Raises ``CandidateSpecError`` for a malformed spec and
     ``IsolationUnavailable`` when bubblewrap is needed and cannot run here.
     """
@@ -138,9 +140,10 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
             if error is not None:
                 cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed,
                                        level=level, isolation=where))
-                continue
-            cards.append(_run_checks(runner, cand, seed, level))
-            cards[-1].isolation = where
+            else:
+                cards.append(_run_checks(runner, cand, seed, level))
+                cards[-1].isolation = where
+            cards[-1].memory_limit = runner.memory_limit
     finally:
         runner.close()
     found = tripwire.changes(before, tripwire.snapshot())

@@ -79,10 +79,12 @@ class Runner:
             load = dict(load_request(self.candidate), cpu_compile=bool(cpu_compile_options()))
             target = load.get("spec", "").rpartition(":")[0]
             candidate_file = target if target.endswith(".py") or "/" in target else None
+            root = self.candidate.root
             if candidate_file and self.isolation == "bubblewrap":
-                load = dict(load, spec=f"{inside_path(candidate_file)}:{load['spec'].rpartition(':')[2]}")
+                load = dict(load, spec=f"{inside_path(candidate_file, root)}:{load['spec'].rpartition(':')[2]}")
+            module = target if target and not candidate_file else None  # package.module:function
             self.sandbox = Sandbox(memory_limit_gb=self.memory_limit_gb, isolation=self.isolation,
-                                   candidate_file=candidate_file)
+                                   candidate_file=candidate_file, candidate_root=root, candidate_module=module)
             self.sandbox.start()
             self.sandbox.wait_ready(STARTUP_LIMIT_S)
         except CandidateLoadError as e:
@@ -112,6 +114,11 @@ class Runner:
     @property
     def alive(self) -> bool:
         return self.sandbox is not None and self.sandbox.alive and self.down is None
+
+    @property
+    def memory_limit(self) -> str | None:
+        """What bounded the last worker's memory (``grading.memcg.KINDS``); None before one started."""
+        return self.sandbox.memory_limit if self.sandbox is not None else None
 
     # -- calls ------------------------------------------------------------------------------------
 

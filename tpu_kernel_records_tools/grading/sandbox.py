@@ -6,8 +6,11 @@ A :class:`Sandbox` runs ``grading.worker`` in a fresh interpreter (``python -I``
   BLAS variables the platform needs; never ``HF_*``, ``KAGGLE_*``, ``AWS_*``, ``GOOGLE_*``,
   ``*_TOKEN``, ``*_KEY``, ``*_SECRET`` or anything else), ``HOME``, ``TMPDIR`` and the working
   directory set to its own new empty temporary folder, stdin closed, stdout/stderr to a log file;
-- an address-space limit (``RLIMIT_AS``, ``memory_limit_gb``, default :data:`DEFAULT_MEMORY_LIMIT_GB`)
-  and no core dumps, set by the worker before it imports JAX;
+- a memory limit of ``memory_limit_gb`` GiB (default :data:`DEFAULT_MEMORY_LIMIT_GB`): a memory cgroup
+  of its own (``grading.memcg``: memory, memfds, tmpfs files, pipe buffers all counted; past it the
+  cgroup's OOM killer kills the worker and nothing else) which it joins before it starts; where no cgroup
+  can be had, an address-space limit (``RLIMIT_AS``) instead, which those escape. ``memory_limit`` says
+  which (``memcg.KINDS``). No core dumps;
 - every wait bounded by a deadline the caller gives (``request(..., timeout_s)``); on expiry the worker
   and all its descendants are killed.
 
@@ -52,7 +55,7 @@ from typing import Callable
 import numpy as np
 import psutil
 
-from ..grading import isolation
+from ..grading import isolation, memcg
 from ..grading.isolation import ISOLATIONS
 from ..grading.worker import HEADER_LIMIT, ProtocolError, decode_header, encode
 
@@ -109,18 +112,6 @@ def harden_grader() -> bool:
         return False
 
 
-def _package_parents() -> list[str]:
-    """The folders holding the packages a worker imports (an editable install's project root)."""
-    import importlib.util
-
-    out = []
-    for name in ("tpu_kernel_records_tools", "kernel_src"):
-        spec = importlib.util.find_spec(name)
-        for location in (spec.submodule_search_locations or []) if spec else []:
-            out.append(os.path.dirname(os.path.realpath(location)))
-    return out
-
-
 def _own_children() -> dict[int, float]:
     out = {}
     for child in psutil.Process().children():
@@ -151,10 +142,15 @@ class Sandbox:
     for the answer; ``close()`` kills it and everything it started. Usable as a context manager."""
 
     def __init__(self, *, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "process",
-                 candidate_file: str | None = None):
+                 candidate_file: str | None = None, candidate_root: str | None = None,
+                 candidate_module: str | None = None):
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
         self.memory_limit_gb, self.isolation, self.candidate_file = memory_limit_gb, isolation, candidate_file
+        self.candidate_root, self.candidate_module = candidate_root, candidate_module
+        self.cgroup: memcg.MemoryCgroup | None = None
+        self.memory_limit = "none"  # what bounds the worker's memory: memcg.KINDS
+        self._oom_kills = 0
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None  # set once the worker is seen dead
         self.closed = False
@@ -171,13 +167,24 @@ class Sandbox:
         os.mkdir(home, 0o700)
         to_worker_r, self._w = os.pipe()
         self._r, from_worker_w = os.pipe()
-        path = [os.path.abspath(p or os.curdir) for p in sys.path]
+        if self.isolation == "bubblewrap":
+            path = isolation.worker_path(self.candidate_root, self.candidate_module)
+        else:
+            path = [os.path.abspath(p) for p in [self.candidate_root] if p] + \
+                [os.path.abspath(p or os.curdir) for p in sys.path]
         memory = int(self.memory_limit_gb * (1 << 30)) if self.memory_limit_gb and self.memory_limit_gb > 0 else 0
+        address_space = memory
+        if memory:
+            try:
+                self.cgroup = memcg.create(memory)
+                self.memory_limit, address_space = "cgroup", 0  # the cgroup counts what the address space misses
+            except memcg.CgroupUnavailable:
+                self.memory_limit = "address-space"
         self._before = _own_children()
         _LIVE.add(self)
         log = open(os.path.join(self._dir, "worker.log"), "wb")
         command = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, json.dumps(path), str(to_worker_r),
-                   str(from_worker_w), str(memory)]
+                   str(from_worker_w), str(address_space)]
         argv, env, fds, cwd, close_after = command, worker_environment(home), (to_worker_r, from_worker_w), home, []
         try:
             if self.isolation == "bubblewrap":
@@ -186,8 +193,10 @@ class Sandbox:
                 os.mkdir(stage)
                 launch = isolation.build(command + [str(isolation.process_limit()), str(isolation.TMP_LIMIT_BYTES)],
                                          env, stage_dir=stage, keep_fds=fds, candidate_file=self.candidate_file,
-                                         extra_dirs=_package_parents())
+                                         candidate_root=self.candidate_root, candidate_module=self.candidate_module)
                 argv, env, fds, cwd, close_after = launch.argv, launch.env, launch.pass_fds, "/", launch.close_after
+            if self.cgroup is not None:
+                argv = self.cgroup.command(argv)
             self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                          cwd=cwd, env=env, pass_fds=fds, start_new_session=True)
         finally:
@@ -216,6 +225,9 @@ class Sandbox:
         if self.proc is not None:
             spare = {box.proc.pid for box in list(_LIVE) if box.proc is not None}  # other sandboxes' workers
             kill_descendants(self.proc, self._before, spare=spare)
+        if self.cgroup is not None:
+            self._oom_kills = self.cgroup.oom_kills()
+            self.cgroup.remove()
         if self._dir:
             shutil.rmtree(self._dir, ignore_errors=True)
 
@@ -259,12 +271,22 @@ class Sandbox:
         self.close()
         return Expired("deadline passed")
 
+    def oom_killed(self) -> bool:
+        """Whether the memory cgroup's OOM killer killed a process of this worker's."""
+        if self.cgroup is None:
+            return False
+        return (self._oom_kills if self.closed else self.cgroup.oom_kills()) > 0
+
     def _gone(self):
         self.returncode = self.proc.poll()
         if self.returncode is None:  # it closed the pipe but still runs: stop it
             self.close()
             self.returncode = self.proc.returncode
-        return WorkerGone(exit_description(self.returncode))
+        what = exit_description(self.returncode)
+        if self.oom_killed():
+            what += (f" by its memory cgroup's OOM killer: it held more than its {self.memory_limit_gb:g} GiB "
+                     f"(memory, memfds, tmpfs files and pipes together)")
+        return WorkerGone(what)
 
     def _send(self, chunks: list, deadline: float) -> None:
         poller = select.poll()

@@ -212,12 +212,13 @@ def summary(benchmark: dict[str, Any], correctness: dict[str, Any]) -> str:
 
 def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str | None = None,
                   warmups: int | None = None, samples: int | None = None, seed: int = 0, level: str = "full",
-                  isolation: str = "auto", progress: bool = True) -> Path:
+                  isolation: str = "auto", progress: bool = True, candidate_dir: Path | None = None) -> Path:
     """``measure --candidate SPEC --name NAME`` (``measure.submission``): export the submitted kernel in a
     sandbox, grade the programs at ``level`` and time them beside XLA and the flash kernel at the
     profile's flash and model shapes; write one run with source ``submitted``, programs kept. The timed
     shapes' inputs, checked calls and rows follow from entropy drawn after the export (recorded as
-    ``submission.check_entropy``); ``seed`` is the rubric's.
+    ``submission.check_entropy``); ``seed`` is the rubric's. ``candidate_dir``: the folder of a kernel
+    that spans several files (``grading.candidates.resolve``'s ``root``), bound into the exporter's sandbox.
 
     Raises ``ProgramRefused`` (one line) for an export that fails or a program that is refused, and
     ``ValueError`` / ``FileExistsError`` as ``run_measure``."""
@@ -232,7 +233,8 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
     run_id = f"{environment.run_id_for(platform, device_kind, created)}-{name}"[:128]
     with tempfile.TemporaryDirectory(prefix="submission-") as folder:
         entry, templates, programs, digests, grading = submission.prepare(
-            spec, profile=prof, seed=seed, level=level, platform=platform, isolation=isolation, folder=Path(folder))
+            spec, profile=prof, seed=seed, level=level, platform=platform, isolation=isolation, folder=Path(folder),
+            candidate_dir=candidate_dir)
         card = submission.grade_programs(name, Path(folder), digests, grading, seed=seed, level=level,
                                          platform=platform)
         entropy = timed_checks.draw_entropy()  # after the export: no program can know it

@@ -215,7 +215,7 @@ def templates_for(profile: Profile, scopes: list[str], seed: int, platform: str)
 
 
 def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str, isolation: str,
-            folder: Path) -> tuple[dict[str, Any], list[Case], dict[str, Any], dict[str, str], list[Signature]]:
+            folder: Path, candidate_dir: Path | None = None) -> tuple[dict[str, Any], list[Case], dict[str, Any], dict[str, str], list[Signature]]:
     """Signatures, export and checks: ``(submission entry, templates, programs by key, sha256 by key,
     grading signatures)``; the programs' bytes are written under ``folder``. Raises ``ProgramRefused``."""
     from ..grading import isolation as isolations
@@ -226,10 +226,10 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
     bench_sigs = {case_signature(c).key: c for c in templates}
     wanted = list(dict.fromkeys([*grading, *(case_signature(c) for c in templates)]))
     try:
-        where = isolations.choose(isolation, resolve(spec))
-    except isolations.IsolationUnavailable as e:
+        where = isolations.choose(isolation, resolve(spec, root=candidate_dir))
+    except (isolations.IsolationUnavailable, ValueError) as e:
         raise ProgramRefused(str(e)) from None
-    raw = export_candidate(spec, wanted, platform=platform, isolation=where)
+    raw = export_candidate(spec, wanted, platform=platform, isolation=where, root=candidate_dir)
     programs, digests, entries = {}, {}, {}
     grading_keys = {s.key for s in grading}
     for sig in wanted:
