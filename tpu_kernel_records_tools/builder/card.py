@@ -3,9 +3,11 @@
 Generated parts sit between marker comments; everything else in the card is written by hand:
 
     # BEGIN GENERATED: dataset_info          (inside the YAML front matter)
-    <!-- BEGIN GENERATED: records -->        (markdown body; also: power, figure, plan, usage)
+    <!-- BEGIN GENERATED: records -->        (markdown body; also: glance, usage, fields, power, figure,
+                                                leaderboard, plan)
 
-The ``plan`` section comes from ``data/plan/tpu-v5e.json`` (``builder.plan``), the others from the tables.
+The ``plan`` section comes from ``data/plan/tpu-v5e.json`` (``builder.plan``), ``fields`` from
+``builder.fields`` (every column's description), the others from the tables.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 import pyarrow as pa
 import yaml
 
+from . import fields
 from .leaderboard import leaderboard
 from .markdown import code, table, text
 from ..bench.stats import CONFIDENCE
@@ -30,7 +33,7 @@ FIGURE = "figures/pallas_xla_ratio.png"  # relative to data/
 FIGURE_KEY = "tpu-kernel-records-data-sha256"
 BASELINE = "xla"  # the figure and its table show ratios to this implementation
 YAML_SECTIONS = ("dataset_info",)
-SECTIONS = ("dataset_info", "records", "power", "figure", "plan", "usage")
+SECTIONS = ("dataset_info", "glance", "usage", "fields", "records", "power", "figure", "leaderboard", "plan")
 PLACEHOLDER_REPO = "OWNER/tpu-kernel-records"
 MAX_LISTED_SHAPES = 6  # grader-power shapes listed one by one in the card up to this many  # the usage examples name the real repo once published
 
@@ -89,9 +92,10 @@ def records(environment: pa.Table) -> str:
     rows = []
     for r in environment.to_pylist():
         devices = f"{r['device_count']} / {r['devices_used']}"
+        grader = r["source"] == "grader-power"  # times no kernel, grades no measured one: no "0 of 0"
         rows.append([code(r["record_id"]), r["source"], r["platform"], r["device_kind"], devices,
-                     f"{r['jax']} / {r['jaxlib']}", f"{r['cases_ok']} of {r['cases']}",
-                     f"{r['checks_passed']} of {r['checks']}", "yes" if r["interpret"] else "no"])
+                     f"{r['jax']} / {r['jaxlib']}", None if grader else f"{r['cases_ok']} of {r['cases']}",
+                     None if grader else f"{r['checks_passed']} of {r['checks']}", "yes" if r["interpret"] else "no"])
     return table(["Record", "Source", "Platform", "Device", "Devices visible / used", "JAX / jaxlib",
                   "Cases ok", "Checks passed (measured kernel)", "Interpret mode"], rows)
 
@@ -129,20 +133,31 @@ def _power_settings(record_id: str, platform: str, s: dict[str, Any]) -> str:
 
 
 def power(correctness: pa.Table) -> str:
-    """The grader-power table: per candidate, trials, rejections (rate and by which check), needed k."""
+    """The grader-power table of the latest sweep (per candidate: trials, rejections, by which check, needed
+    k), the earlier sweeps folded under ``<details>``."""
     rows = [r for r in correctness.to_pylist() if r["row_kind"] == "power"]
     if not rows:
         return "_No record carries a grader-power summary yet._\n"
-    out, settings = [], {}
+    by_record: dict[str, list] = {}
+    for r in rows:
+        by_record.setdefault(r["record_id"], []).append(r)
+    parts = [_power_table(by_record[rid]) for rid in sorted(by_record, reverse=True)]  # ids end in their UTC stamp
+    if len(parts) > 1:
+        parts[1:] = ["<details><summary>Earlier grader-power records</summary>\n\n" + "\n".join(parts[1:])
+                     + "\n</details>\n"]
+    return "\n".join(parts)
+
+
+def _power_table(rows: list[dict[str, Any]]) -> str:
+    out = []
     for r in rows:
         rate = f"{r['rejected'] / r['trials']:.0%}" if r["trials"] and r["rejected"] is not None else None
         by = ", ".join(f"{b['check']}: {b['count']}" for b in r["rejected_by"]) or None
         out.append([code(r["record_id"]), r["candidate"], r["kind"], r["expected"], r["trials"], r["rejected"],
                     rate, by, _needed_k(r["power_detail"])])
-        settings.setdefault(r["record_id"], (r["platform"], r["power_settings"]))
     rendered = table(["Record", "Candidate", "Kind", "Expected", "Trials", "Rejected", "Rejection rate",
                       "Rejected by", "Needed k"], out)
-    return rendered + "\n" + "\n".join(_power_settings(rid, *settings[rid]) for rid in sorted(settings))
+    return _power_settings(rows[0]["record_id"], rows[0]["platform"], rows[0]["power_settings"]) + "\n" + rendered
 
 
 def ratio_series(benchmark: pa.Table) -> list[dict[str, Any]]:
@@ -165,6 +180,33 @@ def ratio_series(benchmark: pa.Table) -> list[dict[str, Any]]:
     for entry in series.values():
         entry["points"].sort()
     return [series[key] for key in sorted(series)]
+
+
+def glance(benchmark: pa.Table, environment: pa.Table) -> str:
+    """Results at a glance: the records by source, then every ratio to XLA from records timed on a TPU or
+    GPU (never interpret mode), one sentence per kernel and a small table (record and scope by sequence)."""
+    kinds: dict[str, list[str]] = {}
+    for r in environment.to_pylist():
+        kinds.setdefault(r["source"], []).append(f"{r['platform']}{', interpret' if r['interpret'] else ''}")
+    held = "; ".join(f"{len(v)} {text(k)} ({', '.join(sorted(set(map(text, v))))})" for k, v in sorted(kinds.items()))
+    head = f"Records today: {held or 'none'}.\n\n"
+    series = [s for s in ratio_series(benchmark) if not s["interpret"]]
+    if not series:
+        return head + "_No record timed on a TPU or GPU holds a kernel / XLA pair yet._\n"
+    sentences = []
+    for kernel in sorted({s["numerator"] for s in series}):
+        mine = [s for s in series if s["numerator"] == kernel]
+        ratios = [p[1] for s in mine for p in s["points"]]
+        slower = sum(r > 1 for r in ratios)
+        records = "; ".join(sorted({f"{code(s['record_id'])}" + (", published medians" if s["summary"] else "")
+                                    for s in mine}))
+        sentences.append(f"The {code(kernel)} kernel was slower than XLA in {slower} of {len(ratios)} pairs: its "
+                         f"median time was {min(ratios):.2f}x to {max(ratios):.2f}x XLA's (from {records}).")
+    seqs = sorted({p[0] for s in series for p in s["points"]})
+    rows = [[code(s["record_id"]), s["scope"], f"{s['numerator']} / {s['baseline']}",
+             *[next((f"{p[1]:.2f}x" for p in s["points"] if p[0] == q), None) for q in seqs]] for s in series]
+    return (head + " ".join(sentences) + " Ratios are median time over XLA's median time: above 1, slower than XLA.\n\n"
+            + table(["Record", "Scope", "Ratio of", *[f"seq {q}" for q in seqs]], rows))
 
 
 def figure_section(benchmark: pa.Table) -> str:
@@ -252,27 +294,29 @@ checks = load_dataset("{repo_id}", "correctness", split="train", revision="{tag}
 env = load_dataset("{repo_id}", "environment", split="train", revision="{tag}")
 ```
 
-`load_dataset` on the repository reads these parquet configs with every `datasets` version. The
-loading script `tpu_kernel_records.py` gives the same rows and features: it lists each config's
-files in `data/SHA256SUMS`, fetches them relative to the dataset's base path (the folder it was
-downloaded with, or a URL), checks their sha256 and reads the features from the parquet files.
-With `datasets` 2.x or 3.x, `load_dataset("path/to/tpu_kernel_records.py", "benchmark",
-trust_remote_code=True)` runs it; `datasets` 4 and later no longer run scripts through
-`load_dataset`, so use its builder or `load`:
+Every `datasets` version reads these parquet configs. The module `tpu_kernel_records` is the loading
+script `tpu_kernel_records.py` that ships in this repository beside `data/` (the source project's
+`pip install` installs it too). It gives the same rows and features and checks the sha256 of every
+file against `data/SHA256SUMS`; with a downloaded copy of the release (e.g. `hf download {repo_id}
+--repo-type dataset --revision {tag} --local-dir tpu-kernel-records`):
 
 ```python
+import sys
+
+sys.path.insert(0, "tpu-kernel-records")   # the downloaded release folder
 from tpu_kernel_records import TpuKernelRecords, load
 
-builder = TpuKernelRecords(config_name="benchmark")   # reads data/ beside the script
+checks = load("correctness")                                      # data/ beside the script
+builder = TpuKernelRecords(config_name="benchmark")               # the same, as a datasets builder
 builder.download_and_prepare()
 bench = builder.as_dataset(split="train")
-
-checks = load("correctness")                                                       # local data/
-bench = load("benchmark", repo_id="{repo_id}", revision="{tag}")  # the Hub
+env = load("environment", repo_id="{repo_id}", revision="{tag}")  # from the Hub
 ```
 
-`load` explains how to get access when the Hub refuses it. Its cache is keyed on
-`data/SHA256SUMS`, so changed data is never served from a stale cache.
+`load` explains how to get access when the Hub refuses it; its cache is keyed on `data/SHA256SUMS`,
+so changed data is never served from a stale cache. With `datasets` 2.x or 3.x,
+`load_dataset("tpu-kernel-records/tpu_kernel_records.py", "benchmark", trust_remote_code=True)` runs
+the script too; `datasets` 4 and later no longer run scripts through `load_dataset`.
 '''
 
 
@@ -290,7 +334,8 @@ def without_usage(text: str) -> str:
 
 def sections(tables: dict[str, pa.Table]) -> dict[str, str]:
     """Every generated section of the card, from the combined tables of all records."""
-    return {"dataset_info": dataset_info(tables), "records": records(tables["environment"]),
+    return {"dataset_info": dataset_info(tables), "glance": glance(tables["benchmark"], tables["environment"]),
+            "fields": fields.section(tables), "records": records(tables["environment"]),
             "power": power(tables["correctness"]), "figure": figure_section(tables["benchmark"]),
             "leaderboard": leaderboard(tables["benchmark"], tables["correctness"]),
             "usage": usage()}

@@ -1,0 +1,193 @@
+"""What each column of the release means, declared once beside ``records.schema`` (which declares its type).
+
+``COLUMNS[config][name] = (unit, meaning, when null)``: the card's Data Fields tables are generated from
+these (``builder.fields``), and a column of ``records.schema.FEATURES`` without an entry here fails the
+build. ``—`` is "no unit" or "never null". Struct and list columns describe their members in the meaning.
+"""
+
+from __future__ import annotations
+
+NEVER = "never"
+NOT_SUBMITTED = "not a submitted kernel's record"
+
+_RECORD = {
+    "record_id": ("—", "the record (one accepted run); its raw files are under `data/raw/<record_id>/`", NEVER),
+    "source": ("—", "`measured` (this project's `measure` job), `submitted` (a kernel someone submitted), "
+                    "`published-summary` (transcribed from a published card: medians only) or `grader-power` "
+                    "(the grader's own power sweep, no kernel timed)", NEVER),
+    "platform": ("—", "`tpu`, `gpu` or `cpu`: where the record was made", NEVER),
+    "interpret": ("—", "true when Pallas ran in interpret mode on a CPU: those timings say nothing about kernel "
+                       "speed", NEVER),
+}
+_SHAPE = {
+    "batch": ("count", "batch size", "a published summary that does not state it"),
+    "q_len": ("tokens", "query length", "a published summary that does not state it"),
+    "kv_len": ("tokens", "key / value length (bottom-right causal: the last query sees every key)",
+               "a published summary that does not state it"),
+    "num_q_heads": ("count", "query heads", "a published summary that does not state it"),
+    "num_kv_heads": ("count", "key / value heads; query head `h` reads kv head `h // (num_q_heads // "
+                              "num_kv_heads)`", "a published summary that does not state it"),
+    "head_dim": ("count", "features per head", "a published summary that does not state it"),
+}
+_TIMING = "a published summary (it printed medians only)"
+_NO_PEAK = "a published summary, or a device whose peak is not known"
+_NO_PAIR = "the case is no pair's numerator (e.g. the XLA case itself)"
+
+BENCHMARK = {
+    **_RECORD,
+    "device_kind": ("—", "the device as JAX names it, e.g. `TPU v5 lite`", NEVER),
+    "device_count": ("count", "devices visible to the run", NEVER),
+    "profile": ("—", "the benchmark profile that chose the shapes: `cpu`, `tiny`, `tpu-v5e`, `gpu` (`published` "
+                     "for a transcription)", NEVER),
+    "case_id": ("—", "the case, unique in its record, e.g. `attention-pallas-s2048`", NEVER),
+    "scope": ("—", "what is timed: `softmax`, `attention`, `flash`, `sharded`, `model-fwd`, `model-fwd-bwd`",
+              NEVER),
+    "implementation": ("—", "`xla` (the pure-JAX reference), `pallas`, `flash`, `flash-triton`, `cudnn`, "
+                            "`submitted`, or `<impl>@<devices>` in the sharded scope", NEVER),
+    "seq_len": ("tokens", "the sequence length the case is named by", NEVER),
+    **_SHAPE,
+    "dtype": ("—", "input dtype (`bfloat16` or `float32`); logits and statistics are fp32", NEVER),
+    "causal": ("—", "bottom-right aligned causal mask", "a published summary that does not state it"),
+    "padded": ("—", "whether `kv_lengths` padding was passed", "a published summary that does not state it"),
+    "devices_used": ("count", "devices this case ran on", NEVER),
+    "status": ("—", "`ok`, or `failed` (then `error` says why; an accepted record has only `ok`)", NEVER),
+    "error": ("—", "why the case failed", "the case succeeded"),
+    "warmups": ("count", "untimed calls before the samples", NEVER),
+    "samples_per_case": ("count", "timed samples the profile asked for", NEVER),
+    "num_samples": ("count", "length of `samples_ms` (0 for a published summary)", NEVER),
+    "samples_ms": ("ms", "every synchronized steady-state sample, in order (each ends in "
+                         "`block_until_ready()`)", "never (empty for a published summary)"),
+    "transfer_ms": ("ms", "host-to-device transfer of the inputs", _TIMING),
+    "lower_ms": ("ms", "lowering of the jitted function", _TIMING),
+    "compile_ms": ("ms", "compilation, kept apart from the samples", _TIMING),
+    "median_ms": ("ms", "median of the samples (as printed, for a published summary)", NEVER),
+    "min_ms": ("ms", "fastest sample", _TIMING),
+    "max_ms": ("ms", "slowest sample", _TIMING),
+    "q1_ms": ("ms", "first quartile of the samples", _TIMING),
+    "q3_ms": ("ms", "third quartile of the samples", _TIMING),
+    "iqr_ms": ("ms", "`q3_ms - q1_ms`", _TIMING),
+    "peak_memory_bytes": ("bytes", "the devices' peak memory in use so far in the run (a high-water mark of the "
+                                   "process, not of this case alone)", "the backend does not report it, or a "
+                                   "published summary"),
+    "flops": ("FLOP", "useful floating-point operations of one call (causal: visible pairs only; backward 2.5x "
+                      "the forward)", "a published summary"),
+    "bytes_moved": ("bytes", "least bytes one call must move to and from device memory", "a published summary"),
+    "tflops": ("TFLOP/s", "`flops / median`", "a published summary"),
+    "gbps": ("GB/s", "`bytes_moved / median`", "a published summary"),
+    "peak_flops_fraction": ("fraction", "`tflops` over the device's peak", _NO_PEAK),
+    "peak_bandwidth_fraction": ("fraction", "`gbps` over the device's peak memory bandwidth", _NO_PEAK),
+    "baseline_case_id": ("—", "the primary pair's baseline case (the XLA case where there is one)", _NO_PAIR),
+    "ratio_to_baseline": ("ratio", "this case's median over the baseline's median: above 1 this case is slower",
+                          _NO_PAIR),
+    "ratio_ci_low": ("ratio", "lower end of the ratio's 95% percentile-bootstrap interval (seeded, recomputable "
+                              "from the samples)", f"{_NO_PAIR}, or a published summary"),
+    "ratio_ci_high": ("ratio", "upper end of that interval", f"{_NO_PAIR}, or a published summary"),
+    "scaling_efficiency": ("fraction", "sharded scope: `t1 / (devices * tn)` from the medians; 1 is perfect "
+                                       "strong scaling", "not a sharded pair"),
+    "pairs": ("—", "every pair with this case on top: `baseline_case_id`, `ratio`, `ci_low`, `ci_high`, "
+                   "`devices`, `scaling_efficiency` (the flat columns repeat the primary one)", "never (empty "
+                                                                                                "list)"),
+    "stablehlo": ("—", "path under the release of the case's gzipped StableHLO", "not captured (a published "
+                                                                                  "summary)"),
+    "stablehlo_tpu": ("—", "path of the case's gzipped TPU-lowered StableHLO (exported on a CPU)",
+                      "no TPU lowering was made"),
+    "compiled_tpu": ("—", "**predicted by the compiler, not measured**: XLA's cost and memory analysis of the "
+                          "case's TPU program, each Pallas kernel's VMEM and declared cost, the bytes moved by the "
+                          "ops around the kernels, and the path of the optimized HLO", "no TPU program, or no "
+                          "libtpu at hand (`compiled_tpu_reason` says why)"),
+    "compiled_tpu_reason": ("—", "why `compiled_tpu` is null", "`compiled_tpu` is set, or not applicable"),
+    "program_sha256": ("—", "sha256 of the exported program that was timed (one the scorecard graded)",
+                       NOT_SUBMITTED),
+    "roofline_floor_ms": ("ms", "least time the case's FLOPs and bytes allow at the device's peak; a median "
+                                "below it is refused", f"{NOT_SUBMITTED}, or the peak is not known"),
+    "output_checks": ("—", "timed calls rerun after timing and judged against the float64 truth: `sample`, "
+                           "`passed`, `detail`", NOT_SUBMITTED),
+}
+
+_CHECK = "a grader-power row (`row_kind = power`)"
+_POWER = "a check row (`row_kind = check`)"
+CORRECTNESS = {
+    **_RECORD,
+    "seed": ("—", "seed of the rubric's inputs", "a published summary"),
+    "row_kind": ("—", "`check`: one row per candidate x check; `power`: one row per candidate of a grader-power "
+                      "sweep", NEVER),
+    "candidate": ("—", "the graded candidate: a kernel, a correct variant, a known-bad one or a submission", NEVER),
+    "kind": ("—", "`reference`, `kernel`, `correct-variant`, `known-bad` (must be rejected), `external` "
+                  "(submitted) or `published`", NEVER),
+    "measured": ("—", "this candidate is the record's measured kernel: every one of its checks must pass", NEVER),
+    "candidate_passed": ("—", "the candidate passed every check", _CHECK),
+    "score": ("points", "sum of `points` over the candidate's checks", _CHECK),
+    "max_score": ("points", "sum of `max_points`", _CHECK),
+    "candidate_error": ("—", "why the candidate could not be graded at all", "it was graded"),
+    "isolation": ("—", "where the candidate's worker ran: `bubblewrap` (sandbox) or `process` (plain child "
+                       "process)", f"{_CHECK}, or a run graded before it was recorded"),
+    "programs": ("—", "sha256 of every exported program the grade could call", NOT_SUBMITTED),
+    "check": ("—", "the check's name (e.g. `causal-leak`, `gradients`)", f"{_CHECK}, or a candidate that could "
+                                                                          "not be loaded"),
+    "passed": ("—", "the check passed", _CHECK),
+    "points": ("points", "points earned: `max_points` when passed, else 0", _CHECK),
+    "max_points": ("points", "the check's weight", _CHECK),
+    "detail": ("—", "what the check did and found, in one paragraph", _CHECK),
+    "error": ("relative", "the candidate's worst error against the float64 oracle", f"{_CHECK}, or a check "
+                                                                                    "that is not numeric"),
+    "tolerance": ("relative", "the bound `error` was held to", f"{_CHECK}, or a check that is not numeric"),
+    "baseline_error": ("relative", "the contract-precision reference's error on the same inputs (the room the "
+                                   "check left: compare with `error`)", f"{_CHECK}, or not numeric"),
+    "trials": ("count", "seeds the candidate was graded on", _POWER),
+    "rejected": ("count", "trials whose scorecard did not pass", _POWER),
+    "rejected_by": ("—", "per check (`check`, `count`): trials on which that check failed", _POWER),
+    "expected": ("—", "`pass` (correct candidates), `reject` (known-bad) or `unknown`", _POWER),
+    "intended_checks": ("—", "the checks built to catch this known-bad candidate's bug", f"{_POWER}, or not "
+                                                                                        "known-bad"),
+    "rejected_by_intended": ("count", "trials on which at least one intended check failed", f"{_POWER}, or not "
+                                                                                            "known-bad"),
+    "power_detail": ("—", "per candidate: `seconds_per_trial`, `load_error`, `min_k_to_pass_tolerances` (the "
+                          "least tolerance multiple k it needed to pass), per-comparison `calibration`, and any "
+                          "other key of the sweep as `{name, json}`", _POWER),
+    "power_settings": ("—", "the sweep's settings and totals (same on each of its rows): seeds, shapes, dtypes, "
+                            "checks, tolerance policy (`k_forward`, `k_gradient`, `floor`), false rejects and "
+                            "missed known-bad trials", _POWER),
+}
+
+_NOT_STATED = "a published summary that does not state it"
+ENVIRONMENT = {
+    **_RECORD,
+    "created_utc": ("UTC time", "when the run started", _NOT_STATED),
+    "profile": BENCHMARK["profile"],
+    "device_kind": BENCHMARK["device_kind"],
+    "device_count": BENCHMARK["device_count"],
+    "expected_device_count": ("count", "devices the TPU slice must show (8 on a v5e-8); a TPU run with fewer is "
+                                       "refused", "not a TPU record"),
+    "devices_used": ("count", "most devices any case used", NEVER),
+    "process_count": ("count", "JAX processes", NEVER),
+    "jax": ("—", "JAX version", NEVER),
+    "jaxlib": ("—", "jaxlib version", _NOT_STATED),
+    "libtpu": ("—", "libtpu version", "not a TPU, or not stated"),
+    "gpu_plugin": ("—", "JAX's CUDA plugin version", "not a GPU"),
+    "python": ("—", "Python version", _NOT_STATED),
+    "numpy": ("—", "NumPy version", _NOT_STATED),
+    "os": ("—", "operating system", _NOT_STATED),
+    "other_versions": ("—", "other packages' versions (`name`, `version`)", "never (empty list)"),
+    "cpu_model": ("—", "the host's CPU", _NOT_STATED),
+    "git_commit": ("—", "commit of the measuring code", "not run from a git checkout"),
+    "kernel_src_sha256": ("—", "sha256 of `kernel_src/` as measured", _NOT_STATED),
+    "env_vars": ("—", "allow-listed environment variables (`name`, `value`): `XLA_FLAGS`, `JAX_*`, `TPU_*`, ...",
+                 "never (empty list)"),
+    "bootstrap": ("—", "every JAX version tried before the run, in order: `jax`, `jaxlib`, `libtpu`, `outcome` "
+                       "(`used`, `rejected`, `failed`), `error`", "never"),
+    "notes": ("—", "free text: for a transcription, every field its source does not state", "no notes"),
+    "measured_candidate": ("—", "the candidate whose checks must all pass for the record to be accepted",
+                           "a grader-power record"),
+    "checks": ("count", "checks of the measured candidate (0 in a grader-power record: no kernel measured)", NEVER),
+    "checks_passed": ("count", "of those, passed", NEVER),
+    "submission_spec": ("—", "the submitted kernel as given, `file.py:function`", NOT_SUBMITTED),
+    "submission_file_sha256": ("—", "sha256 of the submitted file", NOT_SUBMITTED),
+    "cases": ("count", "benchmark cases (0 in a grader-power record)", NEVER),
+    "cases_ok": ("count", "of those, with status `ok`", NEVER),
+    "warmups": BENCHMARK["warmups"],
+    "samples_per_case": BENCHMARK["samples_per_case"],
+    "raw_files": ("—", "every raw file of the run (`path`, `sha256`), as its manifest lists them", NEVER),
+}
+
+COLUMNS: dict[str, dict[str, tuple[str, str, str]]] = {
+    "benchmark": BENCHMARK, "correctness": CORRECTNESS, "environment": ENVIRONMENT}
