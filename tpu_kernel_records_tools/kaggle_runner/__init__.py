@@ -1,1 +1,1 @@
-"""Kaggle TPU runner (``run_kaggle.py``, standalone) and its ``kernel-metadata.json``; see TPU_RUNBOOK.md."""
+"""Kaggle TPU runner (``run_kaggle.py``, standalone) and its ``kernel-metadata.json``; see docs/RUNBOOK.md."""
