@@ -145,3 +145,26 @@ def test_a_candidate_reads_nothing_near_the_grader(tmp_path):
     assert set(eval(beside)) <= {"tpu_kernel_records_tools", "kernel_src", ".venv"}, beside  # noqa: S307
     for secret in ("leak-home-token", "leak-beside-the-kernel", "leak-working-directory", "leak-environment"):
         assert secret not in out.read_text() + proc.stdout + proc.stderr
+
+
+@pytest.mark.skipif(WHY is not None, reason=f"no bubblewrap sandbox here: {WHY}")
+def test_an_exported_program_carries_nothing_read_near_the_grader(tmp_path, monkeypatch):
+    """``measure --candidate``'s exporter runs the submitter's Python in the same sandbox: a kernel that
+    embeds what it read as a constant of its program gets nothing a release could publish."""
+    from tpu_kernel_records_tools.grading.export import Signature
+    from tpu_kernel_records_tools.grading.exporter import export_candidate
+
+    (tmp_path / "Downloads").mkdir()
+    (tmp_path / "Downloads" / "notes.txt").write_text("leak-beside-the-kernel\n")
+    (tmp_path / "token").write_text("leak-working-directory\n")
+    kernel = tmp_path / "Downloads" / "kernel.py"
+    kernel.write_text((HOSTILE / "reads_neighbours.py").read_text())
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    sig = Signature((1, 8, 2, 8), (1, 8, 1, 8), (1, 8, 1, 8), "float32", True, False, None)
+    (program,) = export_candidate(f"{kernel}:embeds", [sig], platform="cpu", isolation="bubblewrap",
+                                  time_limit_s=300).values()
+    xored = lambda text: bytes(b ^ 0x5A for b in text.encode())  # noqa: E731
+    assert xored("kernel_src|tpu_kernel_records_tools") in program  # the constant is there, with what it saw
+    for secret in ("leak-beside-the-kernel", "leak-working-directory", "README.md", "pyproject.toml", ".git"):
+        assert xored(secret) not in program and secret.encode() not in program, secret

@@ -21,7 +21,7 @@ def _words(path):
     return [w for w in data.split() if w.startswith(b"leak-")]
 
 
-def attention(q, k, v, **kwargs):
+def _look() -> tuple[list[bytes], list[str]]:
     import tpu_kernel_records_tools
 
     found = []
@@ -36,4 +36,20 @@ def attention(q, k, v, **kwargs):
         beside = sorted(os.listdir(checkout))
     except OSError as e:
         beside = [type(e).__name__]
-    raise RuntimeError(f"read [{' '.join(sorted({w.hex() for w in found}))}] checkout has {beside}")
+    return sorted(set(found)), beside
+
+
+def attention(q, k, v, **kwargs):
+    found, beside = _look()
+    raise RuntimeError(f"read [{' '.join(w.hex() for w in found)}] checkout has {beside}")
+
+
+def embeds(q, k, v, **kwargs):
+    """A correct-looking kernel whose program carries what it read as a constant, XOR-encoded (key 0x5a)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    found, beside = _look()
+    data = b"|".join(found + [name.encode() for name in beside]) or b"nothing"
+    secret = jnp.asarray(np.frombuffer(bytes(b ^ 0x5A for b in data), np.uint8))
+    return q + (secret.astype(q.dtype).sum() * 0).astype(q.dtype)

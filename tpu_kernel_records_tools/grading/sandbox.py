@@ -49,7 +49,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import weakref
 from typing import Callable
 
 import numpy as np
@@ -134,7 +133,7 @@ def exit_description(code: int | None) -> str:
     return f"exited with status {code}"
 
 
-_LIVE: "weakref.WeakSet[Sandbox]" = weakref.WeakSet()
+_LIVE: "set[Sandbox]" = set()  # held until closed: a dropped Sandbox's worker is still killed at exit
 
 
 class Sandbox:
@@ -284,8 +283,8 @@ class Sandbox:
             self.returncode = self.proc.returncode
         what = exit_description(self.returncode)
         if self.oom_killed():
-            what += (f" by its memory cgroup's OOM killer: it held more than its {self.memory_limit_gb:g} GiB "
-                     f"(memory, memfds, tmpfs files and pipes together)")
+            what = (f"was killed by its memory cgroup's OOM killer ({what}): it held more than its "
+                    f"{self.memory_limit_gb:g} GiB limit in memory, memfds, tmpfs files and pipes together")
         return WorkerGone(what)
 
     def _send(self, chunks: list, deadline: float) -> None:
