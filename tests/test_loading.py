@@ -22,12 +22,14 @@ import datasets
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from huggingface_hub import DatasetCard
+from huggingface_hub import DatasetCard, HfApi
 from huggingface_hub.errors import GatedRepoError, HfHubHTTPError
 
+import doc_blocks
 import tpu_kernel_records as tkr
 import release_fixtures as testing
 from tpu_kernel_records_tools.builder.build import build
+from tpu_kernel_records_tools.builder.card import PLACEHOLDER_REPO
 from tpu_kernel_records_tools.builder.publish import publish
 from tpu_kernel_records_tools.records.schema import CHECKSUMS, CONFIG_NAMES, DEFAULT_CONFIG, FEATURES, LICENSE, VERSION
 from release_fixtures import PUBLISHED
@@ -233,3 +235,30 @@ def test_hub_route_calls_load_dataset_with_the_revision(monkeypatch):
 def test_unknown_config_is_refused():
     with pytest.raises(ValueError, match="config must be one of"):
         tkr.load("benchmarks")
+
+
+@pytest.mark.skipif(SCRIPT_ROUTE, reason="the parquet route on a local folder is tested on datasets >= 4")
+def test_the_documented_load_snippets_run_against_a_staged_release(release, tmp_path, monkeypatch):
+    """Every Python block of README.md, docs/ and the card that loads from the Hub runs as written, with the
+    placeholder repository served by the staged release (and the downloaded release folder it names)."""
+    snippets = [b for b in doc_blocks.blocks(doc_blocks.PYTHON) if PLACEHOLDER_REPO in b.text]
+    assert len(snippets) >= 4  # README's quickstart, the card's two, RELEASING's Hub check
+    real, cache = datasets.load_dataset, str(tmp_path / "cache")
+
+    def from_the_staged_release(path, *args, revision=None, **kwargs):
+        assert path == PLACEHOLDER_REPO and revision in (None, f"v{VERSION}")
+        return real(str(release), *args, **{**kwargs, "cache_dir": cache})
+
+    monkeypatch.setattr(datasets, "load_dataset", from_the_staged_release)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(HfApi, "auth_check", lambda self, *args, **kwargs: None)
+    (tmp_path / "tpu-kernel-records").symlink_to(release)  # the folder the card's download step names
+    monkeypatch.chdir(tmp_path)
+    for block in snippets:
+        monkeypatch.setattr(sys, "path", list(sys.path))
+        monkeypatch.delitem(sys.modules, "tpu_kernel_records", raising=False)  # the staged script, not ours
+        scope: dict = {}
+        exec(compile(block.text, block.where(), "exec"), scope)
+        for name in ("bench", "checks", "env", "rows"):
+            if name in scope:
+                assert scope[name].num_rows in ROWS.values(), (block.where(), name)
