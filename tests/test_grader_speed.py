@@ -1,7 +1,7 @@
 """What makes a grade faster without changing a verdict: XLA:CPU's classic fusion emitters for the
 reference's programs and the candidate's worker (``grading.candidates.CPU_COMPILE_OPTIONS``: the same
 bits, less compile time), and a seed's problems built and queued ahead while the worker starts
-(``grading.checks.plan_ahead``). The figures are ``scripts/time_rubric.py``'s, in the README."""
+(``grading.checks.plan_ahead``). The figures are ``scripts/time_rubric.py``'s, in CHANGELOG.md."""
 
 from __future__ import annotations
 
