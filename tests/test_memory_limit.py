@@ -128,3 +128,37 @@ def test_memory_held_outside_mappings_kills_the_candidate_alone(tmp_path):
         assert "memory cgroup's OOM killer" in detail and "0.5 GiB" in detail and "survived" not in detail, detail
     assert reference["passed"] and reference["memory_limit"] == "cgroup"
     assert json.loads(other_out.read_text())["scorecards"][0]["passed"]
+
+
+def test_cgroup_v2_takes_the_cgroup_around_this_one_when_its_own_cannot_hold_memory_children(tmp_path, monkeypatch):
+    """A v2 cgroup with processes cannot enable the memory controller for its children (only the slice
+    around it can): the worker's cgroup is made beside this process's, limited, swap 0, killed as a group."""
+    point = tmp_path / "cgroup2"
+    (point / "app" / "me").mkdir(parents=True)
+    (point / "app" / "me" / "cgroup.procs").write_text("")
+    monkeypatch.setattr(memcg, "_mounts", lambda: [("/", str(point), "cgroup2", "rw")])
+    monkeypatch.setattr(memcg, "own_cgroups", lambda: {"": "/app/me"})
+    assert memcg.parents() == [(2, str(point / "app" / "me")), (2, str(point / "app"))]
+    real_mkdir = os.mkdir
+
+    def mkdir(path, *args):  # the kernel fills a new cgroup with its files; only "app" enables memory
+        real_mkdir(path, *args)
+        names = ["cgroup.procs"] + (["memory.max", "memory.swap.max", "memory.oom.group"]
+                                    if os.path.dirname(path) == str(point / "app") else [])
+        for name in names:
+            Path(path, name).write_text("max\n")
+    monkeypatch.setattr(memcg.os, "mkdir", mkdir)
+    real_rmdir = os.rmdir
+
+    def rmdir(path):  # a cgroup's folder goes with the kernel's files in it
+        for name in os.listdir(path):
+            os.unlink(os.path.join(path, name))
+        real_rmdir(path)
+    monkeypatch.setattr(memcg.os, "rmdir", rmdir)
+    cg = memcg.create(5 << 30)
+    assert cg.version == 2 and os.path.dirname(cg.path) == str(point / "app")
+    assert [Path(cg.path, n).read_text() for n in ("memory.max", "memory.swap.max", "memory.oom.group")] == \
+        [str(5 << 30), "0", "1"]
+    assert not [p for p in (point / "app" / "me").iterdir() if p.is_dir()]  # the refused child was removed
+    Path(cg.path, "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
+    assert cg.oom_kills() == 1

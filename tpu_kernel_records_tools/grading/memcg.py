@@ -9,8 +9,9 @@ OOM killer kills a process of the cgroup and nothing else.
 :func:`create` makes one child cgroup of this process's own, with ``memory.max`` (cgroup v2; swap 0, the
 whole group killed on OOM) or ``memory.limit_in_bytes`` (cgroup v1's memory controller; swap included
 where accounted) set to the limit in bytes. It needs a cgroup this process may create children in: root,
-or a delegated cgroup v2 subtree whose parent enables the memory controller (a ``systemd-run --user
---scope -p Delegate=yes`` shell, a container started with a private cgroup). A worker joins it before it
+or a cgroup v2 folder this user may write whose memory controller is enabled for its children (this
+process's cgroup or the one around it: a desktop session's app scope, a ``systemd-run --user --scope``
+shell, a container with a private cgroup). A worker joins it before it
 starts (:data:`JOIN`, run as the first program of the worker's command), so all its descendants are
 charged too. Where none can be had, :func:`unavailable_reason` says why in one line and the worker keeps
 the address-space limit alone; each scorecard records which (``memory_limit``: :data:`KINDS`).
@@ -74,18 +75,22 @@ def _under(mount_root: str, mount_point: str, path: str) -> str | None:
 
 
 def parents() -> list[tuple[int, str]]:
-    """Where a child memory cgroup may be made: ``(version, this process's cgroup folder)``, v2 first."""
+    """Where a child memory cgroup may be made, in the order tried: ``(version, folder)``. cgroup v2 first:
+    this process's own cgroup, then its parent (a v2 cgroup that holds processes cannot enable the memory
+    controller for its children, but the slice around it usually has: a desktop session's app scopes, a
+    ``systemd-run --user --scope`` shell); then cgroup v1's memory hierarchy, this process's own."""
     own, found = own_cgroups(), []
     for root, point, fstype, options in _mounts():
         if fstype == "cgroup2" and "" in own:
             folder = _under(root, point, own[""])
             if folder and os.path.isfile(os.path.join(folder, "cgroup.procs")):
-                found.append((2, folder))
+                found += [(2, folder)] + ([(2, os.path.dirname(folder.rstrip("/")))]
+                                          if os.path.normpath(folder) != os.path.normpath(point) else [])
         elif fstype == "cgroup" and "memory" in options.split(",") and "memory" in own:
             folder = _under(root, point, own["memory"])
             if folder and os.path.isfile(os.path.join(folder, "memory.limit_in_bytes")):
                 found.append((1, folder))
-    return sorted(set(found))[::-1]
+    return sorted(dict.fromkeys(found), key=lambda place: -place[0])
 
 
 class MemoryCgroup:
@@ -190,4 +195,4 @@ def warning(prog: str) -> str | None:
         return None
     return (f"{prog}: warning: no memory cgroup for candidate workers ({reason}); --memory-limit bounds their "
             f"address space only, so memory held in memfds, tmpfs files or pipes is not counted "
-            f"(run as root, or in a delegated cgroup: systemd-run --user --scope -p Delegate=yes)")
+            f"(run as root, or under systemd-run --user --scope)")
