@@ -162,3 +162,17 @@ def test_cgroup_v2_takes_the_cgroup_around_this_one_when_its_own_cannot_hold_mem
     assert not [p for p in (point / "app" / "me").iterdir() if p.is_dir()]  # the refused child was removed
     Path(cg.path, "memory.events").write_text("low 0\nhigh 0\nmax 3\noom 1\noom_kill 1\n")
     assert cg.oom_kills() == 1
+
+
+def test_the_rubric_warns_in_one_line_when_a_strangers_memory_has_no_cgroup(monkeypatch, capsys):
+    from tpu_kernel_records_tools.cli.rubric import isolation_allowed
+    from tpu_kernel_records_tools.grading.candidates import resolve
+
+    monkeypatch.setattr(memcg, "unavailable_reason", lambda: "no hierarchy here")
+    stranger = resolve(f"{HOSTILE / 'memory_outside.py'}:memfd_hog")
+    assert isolation_allowed("process", [stranger], 4)
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert len(lines) == 2 and "no memory cgroup" in lines[1] and "no hierarchy here" in lines[1]
+    assert isolation_allowed("process", [resolve("reference")], 4)  # a built-in: no warning
+    assert isolation_allowed("process", [stranger], 0)              # no limit asked: nothing to warn of
+    assert "no memory cgroup" not in capsys.readouterr().err

@@ -4,8 +4,9 @@ The grader computes ahead on background threads that sit inside XLA (``grading.p
 candidate workers may still be alive. Left to the interpreter's own shutdown, a thread still in XLA
 when Python finalizes is unwound through C++ frames that do not allow it (``terminate called after
 throwing an instance of ''``: SIGABRT, exit status 134 and a crash dump instead of the status the
-command returned). :func:`exit_with` therefore kills every candidate worker, lets no queued work
-start, flushes the standard streams and leaves with ``os._exit``, on success, failure and Ctrl-C alike.
+command returned). :func:`exit_with` therefore kills every candidate worker, flushes the standard
+streams and leaves with ``os._exit`` (which stops every thread where it stands), on success, failure
+and Ctrl-C alike.
 """
 
 from __future__ import annotations
@@ -19,11 +20,9 @@ EXIT_INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
 
 
 def shut_down() -> None:
-    """Kill every candidate worker this process started and drop the work queued for the grader's threads."""
+    """Kill every candidate worker this process started (``os._exit`` runs no ``atexit`` handler)."""
     if "tpu_kernel_records_tools.grading.sandbox" in sys.modules:
         sys.modules["tpu_kernel_records_tools.grading.sandbox"].close_all()
-    if "tpu_kernel_records_tools.grading.problems" in sys.modules:
-        sys.modules["tpu_kernel_records_tools.grading.problems"].drop_queued()
 
 
 def exit_with(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None,

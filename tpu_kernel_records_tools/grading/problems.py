@@ -148,15 +148,6 @@ def _work() -> None:
             pass
 
 
-def drop_queued() -> None:
-    """Drop the jobs no thread has started (a command that is ending needs none of them)."""
-    while True:
-        try:
-            _JOBS.get_nowait()
-        except queue.Empty:
-            return
-
-
 def single_threaded_blas() -> bool:
     """Set NumPy's OpenBLAS to one thread in this process (True when it could). The truth's float64
     products are mostly small-M (a few query rows against thousands of keys); OpenBLAS's own threads,
