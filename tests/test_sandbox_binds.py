@@ -168,3 +168,16 @@ def test_an_exported_program_carries_nothing_read_near_the_grader(tmp_path, monk
     assert xored("kernel_src|tpu_kernel_records_tools") in program  # the constant is there, with what it saw
     for secret in ("leak-beside-the-kernel", "leak-working-directory", "README.md", "pyproject.toml", ".git"):
         assert xored(secret) not in program and secret.encode() not in program, secret
+
+
+@pytest.mark.skipif(WHY is not None, reason=f"no bubblewrap sandbox here: {WHY}")
+@pytest.mark.slow
+def test_a_kernel_of_several_files_is_graded_from_the_folder_its_user_names(tmp_path):
+    from tpu_kernel_records_tools.grading.rubric import grade
+
+    (tmp_path / "helper.py").write_text("from kernel_src.reference import reference_attention as attention\n")
+    (tmp_path / "main.py").write_text("from helper import attention\n")
+    alone = grade(f"{tmp_path / 'main.py'}:attention", level="quick", isolation="bubblewrap")
+    assert not alone.passed and "No module named 'helper'" in alone.error and "--candidate-dir" in alone.error
+    named = grade(resolve(f"{tmp_path / 'main.py'}:attention", root=tmp_path), level="quick", isolation="bubblewrap")
+    assert named.passed and named.isolation == "bubblewrap", named.error

@@ -103,6 +103,9 @@ class Runner:
             self.startup_s = time.monotonic() - begin
         if not reply.get("ok"):
             self.down = _clean(reply.get("error", "the candidate could not be loaded"), 500)
+            if "ModuleNotFoundError" in self.down and self.isolation == "bubblewrap" and root is None:
+                self.down += (" (the sandbox sees the candidate's file alone: give a kernel of several files "
+                              "with --candidate-dir DIR, or as an installed package)")
             self.close()
             return self.down
         return None
