@@ -93,3 +93,22 @@ def test_ctrl_c_during_a_grade_exits_130_and_leaves_no_worker(tmp_path):
     assert not any(word in err for word in CRASH), err[-2000:]
     time.sleep(0.5)
     assert [w.pid for w in workers if w.is_running() and w.status() != psutil.STATUS_ZOMBIE] == []
+
+
+@pytest.mark.slow
+def test_a_program_that_grades_in_process_and_returns_exits_cleanly(tmp_path):
+    """Without cli.exits (a notebook, a script, pytest itself): the grader's background threads stop
+    before the interpreter finalizes, so returning from a grade never aborts the process."""
+    candidate = tmp_path / "fails.py"
+    candidate.write_text("def attention(q, k, v, **kwargs):\n    raise ValueError('fails at once')\n")
+    code = ("from tpu_kernel_records_tools.grading.rubric import grade\n"
+            f"card = grade({str(candidate) + ':attention'!r}, level='quick', isolation='process')\n"
+            "print('graded', card.passed)\n")
+
+    def run(_):
+        return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=600)
+
+    with ThreadPoolExecutor(2) as pool:
+        done = list(pool.map(run, range(6)))
+    assert [d.returncode for d in done] == [0] * 6, [d.stderr[-800:] for d in done if d.returncode][:1]
+    assert all("graded False" in d.stdout and not any(w in d.stderr for w in CRASH) for d in done)

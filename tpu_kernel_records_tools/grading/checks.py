@@ -32,7 +32,7 @@ from typing import Callable
 import numpy as np
 
 from ..grading import oracle
-from ..grading.problems import Problem, compute_ahead, normal
+from ..grading.problems import BACKGROUND_DAEMON, STOPPING, Problem, compute_ahead, normal
 from ..grading.slots import (EXPLICIT_SCALE, QUICK, SHAPES, SHORT, SLOT_MIN_LENGTH, draw_shapes,  # noqa: F401
                              serving_lengths, slot_flags)
 from ..grading.runner import CandidateFailure, Runner, TimedOut  # noqa: F401  (re-exported)
@@ -227,11 +227,13 @@ def plan_ahead(seed: int, level: str = "full") -> threading.Thread:
     def run() -> None:
         ctx = _Planning(None, seed, level=level)
         for spec in CHECKS:
+            if STOPPING.is_set():  # the interpreter is exiting (grading.problems)
+                return
             try:
                 spec.run(ctx)
             except Exception:  # noqa: BLE001  _Planned, or a failure the graded run reports
                 pass
-    thread = threading.Thread(target=run, name="grading-plan", daemon=True)
+    thread = threading.Thread(target=run, name="grading-plan", daemon=BACKGROUND_DAEMON)
     thread.start()
     return thread
 

@@ -137,11 +137,35 @@ class Problem:
 _JOBS: queue.Queue = queue.Queue()
 _THREADS: list[threading.Thread] = []
 AHEAD_THREADS = 2
+STOPPING = threading.Event()  # set as the interpreter exits: no background work starts after it
+
+
+def _stop_background() -> None:
+    """Before the interpreter finalizes: start no queued job and wait for the running ones. A thread
+    still inside XLA while Python finalizes is unwound through C++ frames that forbid it, and the whole
+    process aborts (SIGABRT) after its work is done."""
+    STOPPING.set()
+    while True:
+        try:
+            _JOBS.get_nowait()
+        except queue.Empty:
+            break
+    for _ in _THREADS:
+        _JOBS.put(None)
+
+
+# Background threads are waited for at exit (after _stop_background) where Python lets a callback run
+# before it joins them; elsewhere they are daemons, as before.
+BACKGROUND_DAEMON = not hasattr(threading, "_register_atexit")
+if not BACKGROUND_DAEMON:
+    threading._register_atexit(_stop_background)
 
 
 def _work() -> None:
     while True:
         job = _JOBS.get()
+        if job is None:
+            return
         try:
             job()
         except Exception:  # noqa: BLE001  the property is computed again (and raises) where it is read
@@ -183,12 +207,12 @@ def compute_ahead(found) -> None:
             for y in x:
                 walk(y)
     walk(found)
-    if not ps:
+    if not ps or STOPPING.is_set():
         return
     if not _THREADS:
         single_threaded_blas()  # before the threads start: no product is running now
     while len(_THREADS) < AHEAD_THREADS:
-        _THREADS.append(threading.Thread(target=_work, name="grading-ahead", daemon=True))
+        _THREADS.append(threading.Thread(target=_work, name="grading-ahead", daemon=BACKGROUND_DAEMON))
         _THREADS[-1].start()
     for p in ps:  # truths and baselines alternate, so the two threads run one of each
         _JOBS.put(lambda p=p: p.truth)
