@@ -27,7 +27,7 @@ def _argv(tmp_path, monkeypatch, **kwargs) -> list[str]:
     monkeypatch.setattr(isolation, "bwrap_path", lambda: "/usr/bin/bwrap")
     stage = tmp_path / f"stage{len(list(tmp_path.glob('stage*')))}"
     stage.mkdir()
-    launch = isolation.build(["true"], {"PATH": "/usr/bin"}, stage_dir=str(stage), **kwargs)
+    launch = _argv.launch = isolation.build(["true"], {"PATH": "/usr/bin"}, stage_dir=str(stage), **kwargs)
     for fd in launch.close_after:
         os.close(fd)
     return json.loads(launch.argv[-1])["argv"] if os.geteuid() == 0 else launch.argv  # root: via the stager
@@ -74,18 +74,34 @@ def test_a_prefix_holding_the_working_directory_or_home_is_bound_by_its_bin_and_
 
 
 def test_a_git_folder_or_file_inside_a_bound_folder_is_hidden(tmp_path, monkeypatch):
+    site = tmp_path / "site-packages"
+    (site / ".git").mkdir(parents=True)
+    (site / ".git" / "config").write_text("[remote] token = leak-git\n")
+    sources = isolation.interpreter_sources()
+    monkeypatch.setattr(isolation, "interpreter_sources", lambda: [*sources, str(site)])
+    argv = _argv(tmp_path, monkeypatch)
+    git = f"{site}/.git"
+    assert argv[argv.index(git) - 1] == "--tmpfs" and argv.index(git) > argv.index(str(site))
+    (site / ".git" / "config").unlink()
+    (site / ".git").rmdir()
+    (site / ".git").write_text("gitdir: /elsewhere/.git/worktrees/site\n")  # a worktree's .git file
+    argv = _argv(tmp_path, monkeypatch)
+    assert argv[argv.index(git) - 2:argv.index(git)] == ["--ro-bind", "/dev/null"]
+
+
+def test_a_git_folder_in_the_candidates_named_folder_is_hidden(tmp_path, monkeypatch):
     root = tmp_path / "kernel"
     (root / ".git").mkdir(parents=True)
     (root / ".git" / "config").write_text("[remote] token = leak-git\n")
     (root / "kernel.py").write_text("def attention(q, k, v, **kw): return q\n")
     argv = _argv(tmp_path, monkeypatch, candidate_file=str(root / "kernel.py"), candidate_root=str(root))
     git = f"{isolation.CANDIDATE_DIR}/.git"
-    assert argv[argv.index(git) - 1] == "--tmpfs" and argv.index(git) > argv.index(isolation.CANDIDATE_DIR)
-    (root / ".git" / "config").unlink()
-    (root / ".git").rmdir()
-    (root / ".git").write_text("gitdir: /elsewhere/.git/worktrees/kernel\n")  # a worktree's .git file
-    argv = _argv(tmp_path, monkeypatch, candidate_file=str(root / "kernel.py"), candidate_root=str(root))
-    assert argv[argv.index(git) - 2:argv.index(git)] == ["--ro-bind", "/dev/null"]
+    if os.geteuid() == 0:  # a root grader binds a copy its sandbox uid can read, without the .git
+        plan = json.loads(_argv.launch.argv[-1])
+        copy = [source for source, seen in plan["stage"] if seen == argv[argv.index(isolation.CANDIDATE_DIR) - 1]]
+        assert len(copy) == 1 and Path(copy[0], "kernel.py").exists() and not Path(copy[0], ".git").exists()
+    else:
+        assert argv[argv.index(git) - 1] == "--tmpfs" and argv.index(git) > argv.index(isolation.CANDIDATE_DIR)
 
 
 def test_a_named_candidate_folder_is_bound_whole_and_a_file_must_lie_inside_it(tmp_path, monkeypatch):

@@ -181,6 +181,19 @@ class Launch:
         self.argv, self.env, self.pass_fds, self.close_after = argv, env, pass_fds, close_after
 
 
+def _readable(folder: str, stage_dir: str) -> str:
+    """A copy of a candidate's own folder that the sandbox's uid may read (a root grader's files are often
+    its own alone): links kept as links, ``.git`` left out. Also pins what the candidate runs."""
+    copy = os.path.join(stage_dir, f"copy-{len(os.listdir(stage_dir))}")
+    shutil.copytree(folder, copy, symlinks=True, ignore=shutil.ignore_patterns(".git"))
+    for top, dirs, files in os.walk(copy):
+        os.chmod(top, 0o755)
+        for name in files:
+            if not os.path.islink(os.path.join(top, name)):
+                os.chmod(os.path.join(top, name), 0o644)
+    return copy
+
+
 def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candidate_file: str | None = None,
           candidate_root: str | None = None, candidate_module: str | None = None) -> Launch:
     """The launch of ``command`` inside bubblewrap with ``env`` (already allow-listed; HOME etc. are
@@ -198,6 +211,7 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
     root = os.geteuid() == 0
     module_places = module_sources(candidate_module) if candidate_module and not candidate_root else []
     sources = _bound_sources([p for p in module_places if os.path.isdir(p)])
+    copies = {p: _readable(p, stage_dir) for p in module_places if root and os.path.isdir(p)}
     stage = []
     argv = [bwrap, "--unshare-user", "--unshare-ipc", "--unshare-pid", "--unshare-net", "--unshare-uts",
             "--unshare-cgroup-try", "--disable-userns", "--uid", str(SANDBOX_UID), "--gid", str(SANDBOX_UID),
@@ -231,7 +245,7 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
             argv += ["--ro-bind", "/dev/null", os.path.join(target, ".git")]
 
     for source in sources:
-        bind(source, source)
+        bind(copies.get(source, source), source)
     fds, close_after = list(keep_fds), []
 
     def copy_in(path: str, target: str) -> None:
@@ -241,7 +255,7 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
         argv.extend(["--ro-bind-data", str(fd), target])
 
     if candidate_root:
-        bind(os.path.realpath(candidate_root), CANDIDATE_DIR)
+        bind(_readable(os.path.realpath(candidate_root), stage_dir) if root else candidate_root, CANDIDATE_DIR)
     elif candidate_file:
         copy_in(candidate_file, inside_path(candidate_file))
     for place in module_places:
