@@ -155,6 +155,11 @@ def test_cgroup_v2_takes_the_cgroup_around_this_one_when_its_own_cannot_hold_mem
             os.unlink(os.path.join(path, name))
         real_rmdir(path)
     monkeypatch.setattr(memcg.os, "rmdir", rmdir)
+    real_access = os.access
+    monkeypatch.setattr(memcg.os, "access", lambda path, mode: False)  # a cgroup this user may not join
+    with pytest.raises(memcg.CgroupUnavailable, match="cgroup.procs is not writable"):
+        memcg.create(5 << 30)
+    monkeypatch.setattr(memcg.os, "access", real_access)
     cg = memcg.create(5 << 30)
     assert cg.version == 2 and os.path.dirname(cg.path) == str(point / "app")
     assert [Path(cg.path, n).read_text() for n in ("memory.max", "memory.swap.max", "memory.oom.group")] == \

@@ -62,11 +62,14 @@ def test_no_bind_holds_the_working_directory_home_checkout_or_the_candidates_nei
     assert _targets(argv, "--ro-bind-data") == [f"{isolation.CANDIDATE_DIR}/kernel.py"]  # the file alone
 
 
-def test_a_prefix_holding_the_working_directory_or_home_is_bound_by_its_bin_and_lib_only(tmp_path, monkeypatch):
+@pytest.mark.parametrize("inside", ["working directory", "home"])
+def test_a_prefix_holding_the_working_directory_or_home_is_bound_by_its_bin_and_lib_only(tmp_path, monkeypatch,
+                                                                                          inside):
     prefix = tmp_path / "prefix"
     for name in ("bin", "lib", "work"):
         (prefix / name).mkdir(parents=True)
-    monkeypatch.chdir(prefix / "work")
+    monkeypatch.chdir(prefix / "work" if inside == "working directory" else tmp_path)
+    monkeypatch.setenv("HOME", str(prefix / "work") if inside == "home" else str(tmp_path / "elsewhere"))
     monkeypatch.setattr(sys, "prefix", str(prefix))
     sources = isolation.interpreter_sources()
     assert str(prefix) not in sources and {str(prefix / "bin"), str(prefix / "lib")} <= set(sources)
