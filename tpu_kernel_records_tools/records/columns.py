@@ -121,6 +121,10 @@ CORRECTNESS = {
     "candidate_error": ("—", "why the candidate could not be graded at all", "it was graded"),
     "isolation": ("—", "where the candidate's worker ran: `bubblewrap` (sandbox) or `process` (plain child "
                        "process)", f"{_CHECK}, or a run graded before it was recorded"),
+    "memory_limit": ("—", "what bounded the memory of the candidate's worker: `cgroup` (a memory cgroup of its own, "
+                          "counting memfds, tmpfs files and pipes too), `address-space` (an address-space limit "
+                          "alone, where no cgroup could be made) or `none`", f"{_CHECK}, or a run graded before it "
+                                                                             "was recorded"),
     "programs": ("—", "sha256 of every exported program the grade could call", NOT_SUBMITTED),
     "check": ("—", "the check's name (e.g. `causal-leak`, `gradients`)", f"{_CHECK}, or a candidate that could "
                                                                           "not be loaded"),
