@@ -267,11 +267,11 @@ def test_new_record_leaves_old_files_alone(ws):
 def test_real_tiny_cpu_run_builds_with_allow_interpret(tmp_path, monkeypatch):
     from tpu_kernel_records_tools.measure import run as run_module
 
-    # Grading the Pallas kernel in interpret mode takes minutes on a CPU: grade cheap candidates instead,
-    # as tests/test_measure_run.py does; the benchmark itself is real.
+    # Grading the Pallas kernel in interpret mode takes minutes on a CPU: grade cheap candidates instead, at
+    # the quick level (a CPU profile's runs may be; the full level is test_measure_run's); the benchmark is real.
     grade = run_module.grade
     monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None: grade(
-        ["reference"], seed=seed, progress=progress, known_bad=["zeros"]))
+        ["reference"], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick"))
     monkeypatch.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
     run = run_module.run_measure(tmp_path / "tiny", profile="tiny", warmups=1, samples=2, scopes=["softmax"],
                                  progress=False)

@@ -21,7 +21,12 @@ def _words(path):
     return [w for w in data.split() if w.startswith(b"leak-")]
 
 
+_SEEN = []
+
+
 def _look() -> tuple[list[bytes], list[str]]:
+    if _SEEN:  # one look per worker: every check calls the candidate
+        return _SEEN[0]
     import tpu_kernel_records_tools
 
     found = []
@@ -36,7 +41,8 @@ def _look() -> tuple[list[bytes], list[str]]:
         beside = sorted(os.listdir(checkout))
     except OSError as e:
         beside = [type(e).__name__]
-    return sorted(set(found)), beside
+    _SEEN.append((sorted(set(found)), beside))
+    return _SEEN[0]
 
 
 def attention(q, k, v, **kwargs):
