@@ -200,3 +200,11 @@ def test_a_kernel_of_several_files_is_graded_from_the_folder_its_user_names(tmp_
     assert not alone.passed and "No module named 'helper'" in alone.error and "--candidate-dir" in alone.error
     named = grade(resolve(f"{tmp_path / 'main.py'}:attention", root=tmp_path), level="quick", isolation="bubblewrap")
     assert named.passed and named.isolation == "bubblewrap", named.error
+
+
+def test_a_deleted_working_directory_does_not_stop_the_binds(tmp_path, monkeypatch):
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    monkeypatch.chdir(gone)
+    gone.rmdir()
+    assert str(ROOT.resolve() / "kernel_src") in _targets(_argv(tmp_path, monkeypatch), "--ro-bind")

@@ -93,7 +93,11 @@ def _contains(folder: str, path: str) -> bool:
 
 def _keep_out() -> list[str]:
     """What no bound folder may hold: the working directory and the home folder (tokens, notes, checkouts)."""
-    return [os.path.realpath(p) for p in (os.getcwd(), os.path.expanduser("~")) if p]
+    try:
+        cwd = os.getcwd()
+    except FileNotFoundError:  # a working directory deleted under the grader holds nothing
+        cwd = ""
+    return [os.path.realpath(p) for p in (cwd, os.path.expanduser("~")) if p]
 
 
 def interpreter_sources() -> list[str]:
