@@ -58,7 +58,7 @@ TARGETS = {t.name: t for t in (
                                                 "tests/test_checks_quick.py", "tests/test_grader_speed.py"), 20),
     Target("rules", f"{PKG}/builder/rules.py",
            ("tests/test_rule_refusals.py", "tests/test_rule_refusals_compiled_tpu.py"), 20),
-    Target("submitted", f"{PKG}/builder/submitted.py", ("tests/test_submitted.py",), 8),
+    Target("submitted", f"{PKG}/builder/submitted.py", ("tests/test_submitted.py", "tests/test_stranger_rules.py"), 8),
     Target("derive", f"{PKG}/builder/derive.py", ("tests/test_rule_refusals.py", "tests/test_verify.py"), 8),
     Target("verify", f"{PKG}/builder/verify.py", ("tests/test_verify.py",), 8),
     Target("stats", f"{PKG}/bench/stats.py", ("tests/test_stats_guarantees.py", "tests/test_stats.py"), 12),

@@ -181,3 +181,10 @@ def test_the_rubric_warns_in_one_line_when_a_strangers_memory_has_no_cgroup(monk
     assert isolation_allowed("process", [resolve("reference")], 4)  # a built-in: no warning
     assert isolation_allowed("process", [stranger], 0)              # no limit asked: nothing to warn of
     assert "no memory cgroup" not in capsys.readouterr().err
+
+
+def test_the_records_name_exactly_the_kinds_of_memory_limit():
+    from tpu_kernel_records_tools.records import rawio
+
+    scorecard = rawio.load_schema("correctness")["$defs"]["scorecard"]["properties"]["memory_limit"]
+    assert scorecard["enum"] == list(memcg.KINDS)

@@ -690,9 +690,14 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
 ]}
 
 
+def names_a_file(target: str) -> bool:
+    """Whether a spec's target (before ``:function``) names a source file rather than a module path."""
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
 def _load_external(spec: str, target: str, function: str) -> Callable[[], Attention]:
     def load() -> Attention:
-        if target.endswith(".py") or "/" in target or "\\" in target:
+        if names_a_file(target):
             path = Path(target).expanduser().resolve()
             if not path.is_file():
                 raise CandidateLoadError(f"candidate file {target} does not exist")
@@ -736,15 +741,15 @@ def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Can
     if not target or not function.isidentifier():
         raise CandidateSpecError(f"bad candidate spec {spec!r}: expected path/to/file.py:function "
                                  f"or package.module:function")
-    if not (target.endswith(".py") or "/" in target or "\\" in target) and \
+    if not names_a_file(target) and \
             not all(part.isidentifier() for part in target.split(".")):
         raise CandidateSpecError(f"bad candidate spec {spec!r}: {target!r} is neither a .py file nor a module path")
     if root is not None:
         root = os.path.realpath(os.path.expanduser(root))
         if not os.path.isdir(root):
             raise CandidateSpecError(f"candidate folder {root} is not a folder")
-        is_file = target.endswith(".py") or "/" in target or "\\" in target
-        if is_file and not os.path.realpath(os.path.expanduser(target)).startswith(root.rstrip("/") + "/"):
+        inside = os.path.realpath(os.path.expanduser(target)).startswith(root.rstrip("/") + "/")
+        if names_a_file(target) and not inside:
             raise CandidateSpecError(f"candidate file {target} is not inside the candidate folder {root}")
     return Candidate(spec, "external", f"External candidate {spec}.", _load_external(spec, target, function),
                      root=root)

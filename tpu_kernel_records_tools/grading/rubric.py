@@ -110,8 +110,8 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     for fast tests). ``time_limit_s``: seconds of waiting on the candidate per scorecard, all calls together (loading
     included, the worker's interpreter and JAX start not); once it runs out, the worker is killed and
     the remaining checks fail as "not run". ``memory_limit_gb``: the worker's memory limit in GiB (its
-    memory cgroup's, else its address space's: ``grading.memcg``; 0: none). ``isolation``: "auto" (bubblewrap for anything but a built-in), "bubblewrap" or "process"
-    (``grading.isolation``). Raises ``CandidateSpecError`` for a malformed spec and
+    memory cgroup's, else its address space's: ``grading.memcg``; 0: none). ``isolation``: "auto"
+    (bubblewrap for anything but a built-in), "bubblewrap" or "process" (``grading.isolation``). Raises ``CandidateSpecError`` for a malformed spec and
     ``IsolationUnavailable`` when bubblewrap is needed and cannot run here.
     """
     return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s,

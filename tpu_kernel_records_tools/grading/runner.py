@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ..grading.candidates import Candidate, CandidateLoadError, cpu_compile_options, resolve
+from ..grading.candidates import Candidate, CandidateLoadError, cpu_compile_options, names_a_file, resolve
 from ..grading.isolation import inside_path
 from ..grading.problems import Problem
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB, STARTUP_LIMIT_S, Expired, Sandbox, WorkerGone, load_request
@@ -78,7 +78,7 @@ class Runner:
         try:
             load = dict(load_request(self.candidate), cpu_compile=bool(cpu_compile_options()))
             target = load.get("spec", "").rpartition(":")[0]
-            candidate_file = target if target.endswith(".py") or "/" in target else None
+            candidate_file = target if names_a_file(target) else None
             root = self.candidate.root
             if candidate_file and self.isolation == "bubblewrap":
                 load = dict(load, spec=f"{inside_path(candidate_file, root)}:{load['spec'].rpartition(':')[2]}")

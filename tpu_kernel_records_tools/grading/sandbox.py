@@ -342,7 +342,7 @@ def load_request(candidate) -> dict:
     """The worker's ``load`` header for a candidate: its spec when it has one (built-in name,
     ``/abs/file.py:function``, ``module:function``), else its function pickled by reference (a
     programmatic ``Candidate``; its loader runs here, in the caller's process, which trusts it)."""
-    from ..grading.candidates import BUILTIN, Candidate, CandidateSpecError, resolve
+    from ..grading.candidates import BUILTIN, Candidate, CandidateSpecError, names_a_file, resolve
 
     if isinstance(candidate, str):
         candidate = resolve(candidate)
@@ -356,7 +356,7 @@ def load_request(candidate) -> dict:
             spec_form = None
         if spec_form is not None and spec_form.doc == candidate.doc:
             target, _, function = candidate.name.rpartition(":")
-            if target.endswith(".py") or "/" in target or "\\" in target:
+            if names_a_file(target):
                 target = str(os.path.abspath(os.path.expanduser(target)))
                 if not os.path.isfile(target):
                     from ..grading.candidates import CandidateLoadError
