@@ -1,24 +1,50 @@
 """The candidate contract shared by every kernel and grader.
 
-``attention(q, k, v, *, causal=False, kv_lengths=None, scale=None) -> out``
+``attention(q, k, v, *, causal=False, kv_lengths=None, scale=None, window_size=None, softcap=None,
+q_segment_ids=None, kv_segment_ids=None, sinks=None) -> out``
 
 * ``q``: ``[batch, q_len, num_q_heads, head_dim]``; ``k``, ``v``:
   ``[batch, kv_len, num_kv_heads, head_dim]`` (the layout of
   ``jax.nn.dot_product_attention``); all three float32 or all three bfloat16.
-* ``causal`` is bottom-right aligned: query ``i`` sees key ``j`` iff
-  ``j <= i + (kv_len - q_len)``.
+* Query row ``i`` sits at position ``p = i + (kv_len - q_len)``. ``causal`` is bottom-right aligned:
+  query ``i`` sees key ``j`` iff ``j <= p``.
 * ``kv_lengths``: int ``[batch]``; key ``j >= kv_lengths[b]`` is padding.
 * Grouped-query: query head ``h`` reads kv head ``h // (num_q_heads // num_kv_heads)``.
 * ``scale`` defaults to ``head_dim ** -0.5``; a given ``scale`` is used as is, in
   the forward and in the gradients.
 
+The features (``FEATURES``; a kernel supports only those it declares, ``declared_features``):
+
+* ``window_size=(left, right)`` (feature ``"window"``), each an int >= 0 or None (unbounded on that
+  side): key ``j`` is visible iff ``p - left <= j <= p + right``, both ends inclusive, as
+  FlashAttention's ``window_size``; with ``causal=True`` also ``j <= p``. A model config's
+  ``sliding_window=W`` (Mistral, Gemma, gpt-oss: W keys, the query's own included) is
+  ``window_size=(W - 1, 0)``. There is no ``-1`` sentinel: an unbounded side is None.
+* ``softcap`` (feature ``"softcap"``), a float > 0: the logit is ``s = scale * q.k``, then
+  ``s = softcap * tanh(s / softcap)``, then masking, then softmax (the order of FlashAttention,
+  FlexAttention and JAX's ragged paged attention).
+* ``q_segment_ids`` int32 ``[batch, q_len]`` and ``kv_segment_ids`` int32 ``[batch, kv_len]``
+  (feature ``"segments"``), both or neither: key ``j`` is visible to row ``i`` only where the ids are
+  equal (equality, not contiguous runs: ids may repeat, A B A).
+* ``sinks`` float32 ``[num_q_heads]`` (feature ``"sinks"``), one logit per query head, not multiplied
+  by ``scale`` and not capped: ``exp(sinks[h])`` joins each row's softmax denominator (in the same
+  max-shifted frame) and contributes no value. A row with no visible key still yields exact zeros.
+* Every mask combines with AND, with ``causal`` and with ``kv_lengths``; ``jax.grad`` works with
+  respect to ``q``, ``k``, ``v`` and ``sinks``.
+
+A candidate declares the features it supports with a ``features`` attribute on the function (a
+tuple of names from ``FEATURES``; ``supports`` sets it). The rubric always grades the base contract
+and grades every declared feature on top; a candidate that declares nothing is only ever called with
+``causal``, ``kv_lengths`` and ``scale``, exactly as before the features existed.
+
 Rules the rubric (``grading.checks``) judges, each by a named check:
 
 * The output has ``q``'s shape and its dtype equals ``q.dtype`` (output-shape-dtype).
 * A query row with no visible key yields exact zeros, and its dQ is exactly zero
-  (empty-rows).
-* dK and dV are exactly zero for keys that no query sees: padding, and keys in the
-  future of every row (gradients, and every check that takes gradients).
+  (empty-rows; and each feature's check for the rows its mask empties).
+* dK and dV are exactly zero for keys that no query sees: padding, keys in the future of
+  every row, outside every row's window or of no row's segment (gradients, and every check that
+  takes gradients).
 * Padded K/V slots (``j >= kv_lengths[b]``) may hold any *finite* values; they change
   neither the output nor a gradient (padding-leak fills them with large finite values).
   NaN or Inf there is outside the contract: the reference computes ``0 * V`` for them.
@@ -29,16 +55,22 @@ Rules the rubric (``grading.checks``) judges, each by a named check:
   the reference's own error (``grading.tolerance``).
 * ``jax.grad`` works; the same inputs give the same bits (determinism); different
   inputs get their own answers (no result kept by shape).
+* Each declared feature is graded by the check of its name (window, softcap, segments, sinks).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+import operator
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
+FEATURES = ("window", "softcap", "segments", "sinks")  # in this order wherever features are listed
+FEATURE_ARGUMENTS = {"window": ("window_size",), "softcap": ("softcap",),
+                     "segments": ("q_segment_ids", "kv_segment_ids"), "sinks": ("sinks",)}
+Window = tuple[int | None, int | None]
 
 
 class Dims(NamedTuple):
@@ -90,24 +122,124 @@ def default_scale(head_dim: int, scale: float | None) -> float:
     return head_dim ** -0.5 if scale is None else float(scale)
 
 
-def visible(q_pos: jax.Array, k_pos: jax.Array, q_len: int, kv_len: int, causal: bool,
-            kv_length: jax.Array | None) -> jax.Array:
-    """Boolean visibility of key positions ``k_pos`` to query positions ``q_pos`` (broadcasting).
+def canonical_features(names: Iterable[str]) -> tuple[str, ...]:
+    """``names`` in ``FEATURES`` order, each once; ``ValueError`` for a name that is not a feature."""
+    if isinstance(names, str):
+        names = (names,)
+    names = list(names)
+    unknown = [n for n in names if not isinstance(n, str) or n not in FEATURES]
+    if unknown:
+        raise ValueError(f"unknown feature {str(unknown[0])[:40]!r}: the features are {', '.join(FEATURES)}")
+    return tuple(f for f in FEATURES if f in names)
 
-    Works on iotas inside a kernel as well as on whole index grids outside one.
+
+def declared_features(fn: Any) -> tuple[str, ...]:
+    """The features ``fn`` declares (its ``features`` attribute), canonical; () when it has none.
+
+    Raises ``ValueError`` when the attribute is not a tuple, list or set of feature names."""
+    names = getattr(fn, "features", ())
+    if names is None:
+        return ()
+    if not isinstance(names, (tuple, list, set, frozenset)):
+        raise ValueError(f"a candidate's features must be a tuple of names from {FEATURES}, got a "
+                         f"{type(names).__name__}")
+    return canonical_features(names)
+
+
+def supports(*features: str) -> Callable[[Callable], Callable]:
+    """Decorator: declare the features a kernel supports (``@supports("window", "softcap")``)."""
+    names = canonical_features(features)
+
+    def mark(fn: Callable) -> Callable:
+        fn.features = names
+        return fn
+    return mark
+
+
+def check_window(window_size: Any) -> Window | None:
+    """``window_size`` as ``(left, right)`` of ints >= 0 or None; ``ValueError`` otherwise."""
+    if window_size is None:
+        return None
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    pair = []
+    for side, x in (("left", left), ("right", right)):
+        if x is not None:
+            try:
+                if isinstance(x, bool):
+                    raise TypeError
+                x = operator.index(x)  # ints and integer scalars; not floats, not bools
+            except TypeError:
+                raise ValueError(f"window_size's {side} must be an int >= 0 or None, got {x!r}") from None
+            if x < 0:
+                raise ValueError(f"window_size's {side} must be an int >= 0 or None (no -1 sentinel), got {x!r}")
+        pair.append(x)
+    return pair[0], pair[1]
+
+
+def check_features(dims: Dims, *, window_size=None, softcap=None, q_segment_ids=None, kv_segment_ids=None,
+                   sinks=None) -> Window | None:
+    """Validate the feature arguments against ``dims``; returns the window as a pair of ints or None.
+
+    Raises ``ValueError`` (``TypeError`` for dtypes) naming the offending argument."""
+    window = check_window(window_size)
+    if softcap is not None and not (float(softcap) > 0 and float(softcap) < float("inf")):
+        raise ValueError(f"softcap must be a finite float > 0 or None, got {softcap!r}")
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids and kv_segment_ids go together: give both or neither")
+    for name, ids, length in (("q_segment_ids", q_segment_ids, dims.q_len),
+                              ("kv_segment_ids", kv_segment_ids, dims.kv_len)):
+        if ids is None:
+            continue
+        if tuple(ids.shape) != (dims.batch, length):
+            raise ValueError(f"{name} must have shape [batch, len]=({dims.batch}, {length}), got {tuple(ids.shape)}")
+        if not jnp.issubdtype(ids.dtype, jnp.integer):
+            raise TypeError(f"{name} must be an integer array, got {ids.dtype}")
+    if sinks is not None:
+        if tuple(sinks.shape) != (dims.num_q_heads,):
+            raise ValueError(f"sinks must have shape [num_q_heads]=({dims.num_q_heads},), got {tuple(sinks.shape)}")
+        if not jnp.issubdtype(sinks.dtype, jnp.floating):
+            raise TypeError(f"sinks must be a float array, got {sinks.dtype}")
+    return window
+
+
+def visible(q_pos: jax.Array, k_pos: jax.Array, q_len: int, kv_len: int, causal: bool,
+            kv_length: jax.Array | None, window: Window | None = None, q_segment: jax.Array | None = None,
+            kv_segment: jax.Array | None = None) -> jax.Array:
+    """Boolean visibility of key positions ``k_pos`` to query rows ``q_pos`` (broadcasting).
+
+    ``window``: ``(left, right)`` around the row's position ``q_pos + kv_len - q_len``; ``q_segment`` /
+    ``kv_segment``: segment ids broadcasting like ``q_pos`` / ``k_pos``. Works on iotas inside a kernel as
+    well as on whole index grids outside one.
     """
+    position = q_pos + (kv_len - q_len)
     ok = k_pos < kv_len
     if causal:
-        ok = ok & (k_pos <= q_pos + (kv_len - q_len))
+        ok = ok & (k_pos <= position)
     if kv_length is not None:
         ok = ok & (k_pos < kv_length)
+    if window is not None:
+        left, right = window
+        if left is not None:
+            ok = ok & (k_pos >= position - left)
+        if right is not None:
+            ok = ok & (k_pos <= position + right)
+    if q_segment is not None:
+        ok = ok & (q_segment == kv_segment)
     return ok
 
 
-def visibility_mask(q_len: int, kv_len: int, causal: bool, kv_lengths: jax.Array | None) -> jax.Array:
+def visibility_mask(q_len: int, kv_len: int, causal: bool, kv_lengths: jax.Array | None,
+                    window: Window | None = None, q_segment_ids: jax.Array | None = None,
+                    kv_segment_ids: jax.Array | None = None) -> jax.Array:
     """``[batch or 1, q_len, kv_len]`` boolean mask of the keys each query may see."""
     q_pos = jnp.arange(q_len)[:, None]
     k_pos = jnp.arange(kv_len)[None, :]
-    if kv_lengths is None:
-        return visible(q_pos, k_pos, q_len, kv_len, causal, None)[None]
-    return visible(q_pos[None], k_pos[None], q_len, kv_len, causal, kv_lengths[:, None, None])
+    if kv_lengths is None and q_segment_ids is None:
+        return visible(q_pos, k_pos, q_len, kv_len, causal, None, window)[None]
+    lengths = None if kv_lengths is None else kv_lengths[:, None, None]
+    q_seg = None if q_segment_ids is None else q_segment_ids[:, :, None]
+    kv_seg = None if kv_segment_ids is None else kv_segment_ids[:, None, :]
+    return visible(q_pos[None], k_pos[None], q_len, kv_len, causal, lengths, window, q_seg, kv_seg)

@@ -35,20 +35,31 @@ class Truth(NamedTuple):
     visible: np.ndarray
     probs: np.ndarray
     magnitude: dict
-    logit_max: float = 0.0       # largest |scale * q.k| over visible pairs (0 when none is visible)
+    logit_max: float = 0.0       # largest |logit| (capped, when soft-capped) over visible pairs (0 when none is)
     per_head_dkv: tuple | None = None  # (dk, dv) per query head, [b, kv_len, num_q_heads, d], when asked
+    dsinks: np.ndarray | None = None   # [num_q_heads], when sinks and a cotangent were given
 
 
-def visible_keys(batch: int, q_len: int, kv_len: int, causal: bool,
-                 kv_lengths: np.ndarray | None) -> np.ndarray:
-    """Bool ``[batch, q_len, kv_len]``: query ``i`` sees key ``j`` (bottom-right causal, kv_lengths padding)."""
+def visible_keys(batch: int, q_len: int, kv_len: int, causal: bool, kv_lengths: np.ndarray | None,
+                 window=None, q_segment_ids=None, kv_segment_ids=None) -> np.ndarray:
+    """Bool ``[batch, q_len, kv_len]``: query ``i`` sees key ``j`` (bottom-right causal, kv_lengths padding,
+    the window ``(left, right)`` around position ``i + kv_len - q_len``, equal segment ids)."""
     i = np.arange(q_len)[:, None]
     j = np.arange(kv_len)[None, :]
+    position = i + (kv_len - q_len)
     ok = np.ones((batch, q_len, kv_len), bool)
     if causal:
-        ok &= (j <= i + (kv_len - q_len))[None]
+        ok &= (j <= position)[None]
     if kv_lengths is not None:
         ok &= j[None] < np.asarray(kv_lengths).reshape(batch, 1, 1)
+    if window is not None:
+        left, right = window
+        if left is not None:
+            ok &= (j >= position - left)[None]
+        if right is not None:
+            ok &= (j <= position + right)[None]
+    if q_segment_ids is not None:
+        ok &= np.asarray(q_segment_ids)[:, :, None] == np.asarray(kv_segment_ids)[:, None, :]
     return ok
 
 
@@ -58,6 +69,7 @@ def as_f64(x) -> np.ndarray:
 
 
 def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale: float | None = None,
+              window=None, softcap: float | None = None, q_segment_ids=None, kv_segment_ids=None, sinks=None,
               magnitude_dtype=np.float64, per_head: bool = False, magnitudes: bool = True) -> Truth:
     """The contract in float64: ``out = softmax(scale * q k^T, masked) v`` per query head.
 
@@ -66,6 +78,8 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
         Any float dtype; the values are taken exactly and computed on in float64.
       ct: optional cotangent of ``out`` (same shape as ``q``); when given, gradients are returned.
       causal, kv_lengths, scale: as in the contract (``scale`` defaults to ``head_dim ** -0.5``).
+      window, softcap, q_segment_ids, kv_segment_ids, sinks: the contract's features (``window`` is
+        ``window_size``); with ``sinks`` and ``ct`` the truth also has ``dsinks``.
       magnitude_dtype: the dtype the magnitudes are computed in (float32: half the cost of their
         matmuls, for a scale that needs no more than float32's precision; returned as float64).
       per_head: also return ``per_head_dkv``. magnitudes: False leaves ``magnitude`` empty.
@@ -78,15 +92,16 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
     kv_len, hk = k.shape[1], k.shape[2]
     scale = d ** -0.5 if scale is None else float(scale)
     lengths = None if kv_lengths is None else np.asarray(kv_lengths)
-    vis = visible_keys(batch, q_len, kv_len, causal, lengths)
+    vis = visible_keys(batch, q_len, kv_len, causal, lengths, window, q_segment_ids, kv_segment_ids)
+    extra = (softcap, None if sinks is None else as_f64(sinks))
     first = min(q_len, max(0, q_len - kv_len)) if causal else 0  # rows i < q_len - kv_len see no key
     keys = kv_len if lengths is None else int(min(kv_len, max(0, int(np.max(lengths, initial=0)))))
     if (first == 0 and keys == kv_len) or first == q_len or keys == 0:
         return _attention(q, k, v, None if ct is None else as_f64(ct), vis, scale, magnitude_dtype, per_head,
-                          magnitudes)
+                          magnitudes, *extra)
     # The same computation on the rows and keys that take part, padded back with exact zeros.
     part = _attention(q[:, first:], k[:, :keys], v[:, :keys], None if ct is None else as_f64(ct)[:, first:],
-                      vis[:, first:, :keys], scale, magnitude_dtype, per_head, magnitudes)
+                      vis[:, first:, :keys], scale, magnitude_dtype, per_head, magnitudes, *extra)
 
     def rows(x, axis=1):
         return None if x is None else _pad(x, axis, first, q_len - first - x.shape[axis])
@@ -95,9 +110,10 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
         return None if x is None else _pad(x, axis, 0, kv_len - x.shape[axis])
 
     probs = _pad(_pad(part.probs, 2, first, 0), 3, 0, kv_len - keys)
-    mag = {n: (rows if n in ("out", "dq") else cols)(m) for n, m in part.magnitude.items()}
+    mag = {n: m if n == "dsinks" else (rows if n in ("out", "dq") else cols)(m) for n, m in part.magnitude.items()}
     per = None if part.per_head_dkv is None else tuple(cols(x) for x in part.per_head_dkv)
-    return Truth(rows(part.out), rows(part.dq), cols(part.dk), cols(part.dv), vis, probs, mag, part.logit_max, per)
+    return Truth(rows(part.out), rows(part.dq), cols(part.dk), cols(part.dv), vis, probs, mag, part.logit_max, per,
+                 part.dsinks)
 
 
 def _pad(x: np.ndarray, axis: int, before: int, after: int) -> np.ndarray:
@@ -108,7 +124,7 @@ def _pad(x: np.ndarray, axis: int, before: int, after: int) -> np.ndarray:
     return np.pad(x, widths)
 
 
-def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes) -> Truth:
+def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, softcap=None, sinks=None) -> Truth:
     batch, q_len, hq, d = q.shape
     kv_len, hk = k.shape[1], k.shape[2]
     group = hq // hk
@@ -118,12 +134,22 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes) -
     qg = q.reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
     kh, vh = (x.transpose(0, 2, 1, 3)[:, :, None] for x in (k, v))
     s = (qg @ kh.swapaxes(-1, -2)) * scale  # [b, hk, g, q, k]
+    if softcap is not None:
+        tanh = np.tanh(s / softcap)
+        s = softcap * tanh
+        slope = 1.0 - tanh * tanh  # d(capped)/d(uncapped)
     logit_max = float(np.max(np.abs(s), where=mask, initial=0.0))
     s = np.where(mask, s, -np.inf)
     row_max = s.max(axis=-1, keepdims=True)
+    if sinks is not None:
+        sink = sinks.reshape(1, hk, group, 1, 1)
+        row_max = np.maximum(row_max, sink)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
     e = np.where(mask, np.exp(s - row_max), 0.0)
     denom = e.sum(axis=-1, keepdims=True)
+    if sinks is not None:
+        e_sink = np.exp(sink - row_max)
+        denom = denom + e_sink
     p = e / np.where(denom > 0, denom, 1.0)
     out = _token_major(p @ vh, q.shape)
     probs = p.reshape(batch, hq, q_len, kv_len)
@@ -137,7 +163,14 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes) -
     pt = p.swapaxes(-1, -2)  # [b, hk, g, k, q]
     dv_h = pt @ do
     dp = do @ vh.swapaxes(-1, -2)
-    ds = p * (dp - (dp * p).sum(axis=-1, keepdims=True))
+    rowsum = (dp * p).sum(axis=-1, keepdims=True)  # dO . O per row
+    ds = p * (dp - rowsum)
+    dsinks = None
+    if sinks is not None:  # d out / d sink = -p_sink * out: dsinks[h] = -sum over rows of p_sink * (dO . O)
+        p_sink = np.where(denom > 0, e_sink / np.where(denom > 0, denom, 1.0), 0.0)
+        dsinks = -(p_sink * rowsum).sum(axis=(0, 3, 4)).reshape(hq)
+    if softcap is not None:
+        ds = ds * slope
     dq = _token_major(ds @ kh, q.shape) * scale
     dk_h = (ds.swapaxes(-1, -2) @ qg) * scale
     dk, dv = _kv_major(dk_h), _kv_major(dv_h)
@@ -146,11 +179,16 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes) -
     if magnitudes:
         dom = np.abs(do).astype(m)
         dp_mag = dom @ vm.swapaxes(-1, -2)
-        ds_mag = pm * (dp_mag + (dp_mag * pm).sum(axis=-1, keepdims=True))
+        rowsum_mag = (dp_mag * pm).sum(axis=-1, keepdims=True)
+        ds_mag = pm * (dp_mag + rowsum_mag)
+        if softcap is not None:
+            ds_mag = ds_mag * slope.astype(m)
         mag["dv"] = _kv_major(pm.swapaxes(-1, -2) @ dom).astype(np.float64)
         mag["dq"] = (_token_major(ds_mag @ np.abs(kh).astype(m), q.shape) * scale).astype(np.float64)
         mag["dk"] = (_kv_major(ds_mag.swapaxes(-1, -2) @ np.abs(qg).astype(m)) * scale).astype(np.float64)
-    return Truth(out, dq, dk, dv, vis, probs, mag, logit_max, per)
+        if sinks is not None:
+            mag["dsinks"] = (p_sink * rowsum_mag).sum(axis=(0, 3, 4)).reshape(hq).astype(np.float64)
+    return Truth(out, dq, dk, dv, vis, probs, mag, logit_max, per, dsinks)
 
 
 def _token_major(x: np.ndarray, shape) -> np.ndarray:
