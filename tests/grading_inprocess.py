@@ -11,11 +11,13 @@ from __future__ import annotations
 from typing import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading.candidates import resolve
-from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard
+from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard, checks_for
+from kernel_src.contract import declared_features
 
 
 class InProcessRunner:
@@ -46,12 +48,17 @@ class InProcessRunner:
         return out
 
     def vjp(self, p):
+        kwargs = {n: x for n, x in p.kwargs.items() if n != "sinks"}
         try:
-            out, pull = jax.vjp(lambda q, k, v: self.fn(q, k, v, **p.kwargs), p.q, p.k, p.v)
+            if p.sinks is None:
+                out, pull = jax.vjp(lambda q, k, v: self.fn(q, k, v, **kwargs), p.q, p.k, p.v)
+            else:
+                out, pull = jax.vjp(lambda q, k, v, s: self.fn(q, k, v, **kwargs, sinks=s), p.q, p.k, p.v,
+                                    jnp.asarray(p.sinks))
             result = tuple(np.asarray(x) for x in (out, *pull(p.ct.astype(out.dtype))))
         except Exception as e:
             raise C.CandidateFailure(f"{p.label} gradients: raised {type(e).__name__}: {e}") from None
-        for name, x in zip(("out", "dq", "dk", "dv"), result):
+        for name, x in zip(("out", "dq", "dk", "dv", "dsinks"), result):
             self._observe(p.label, name, x)
         return result
 
@@ -61,9 +68,10 @@ def grade(name, *, seed: int = 0, level: str = "quick", only: Sequence[str] | No
     """A scorecard of built-in (or Candidate) ``name`` at ``level``; ``only``: run just these checks."""
     cand = resolve(name)
     runner = runner or InProcessRunner(cand.load())
+    features = declared_features(runner.fn)
     ctx = C.Context(runner, seed, level=level)
     results, verdicts = [], {}
-    for spec in C.CHECKS:
+    for spec in checks_for(features):
         if only is not None and spec.name not in only:
             continue
         runner.check = spec.name
@@ -80,7 +88,7 @@ def grade(name, *, seed: int = 0, level: str = "quick", only: Sequence[str] | No
         ok = not runner.nonfinite and runner.returned > 0
         results.append(CheckResult("finite", ok, points if ok else 0.0, points,
                                    "all finite" if ok else f"non-finite value: {runner.nonfinite[:1]}"))
-    return Scorecard(cand.name, cand.kind, results, seed=seed, verdicts=verdicts)
+    return Scorecard(cand.name, cand.kind, results, seed=seed, verdicts=verdicts, features=features)
 
 
 def grade_seeds(candidate, seeds: Sequence[int], *, level: str = "full", **_ignored) -> list[Scorecard]:

@@ -218,15 +218,16 @@ class _Planning(Context):
         raise _Planned
 
 
-def plan_ahead(seed: int, level: str = "full") -> threading.Thread:
+def plan_ahead(seed: int, level: str = "full", specs=None) -> threading.Thread:
     """Build every check's problems of ``(seed, level)`` on a thread of its own and queue their truths and
     baselines for the threads that compute ahead (``grading.problems.compute_ahead``), so those work
     through the whole grade from the worker's start on instead of a check at a time. Each check runs
     until its first call of the candidate; an error is left for the graded run to meet and report. A
-    check that asks for its problems while they are being built waits for them (``problems``)."""
+    check that asks for its problems while they are being built waits for them (``problems``). ``specs``:
+    the checks to plan (default: ``CHECKS``)."""
     def run() -> None:
         ctx = _Planning(None, seed, level=level)
-        for spec in CHECKS:
+        for spec in CHECKS if specs is None else specs:
             if STOPPING.is_set():  # the interpreter is exiting (grading.problems)
                 return
             try:
@@ -274,18 +275,23 @@ def check_forward_accuracy(ctx: Context) -> Outcome:
 
 def _gradient_verdicts(ctx: Context, p: Problem) -> tuple[list[Verdict], list[str], tuple]:
     """Output and dQ, dK, dV judged (dK/dV may round per query head, ``Problem.grouped_baseline``), and
-    the contract's exact zeros: dK, dV on keys no query sees."""
+    the contract's exact zeros: dK, dV on keys no query sees. With sinks, dsinks too (judged on float32
+    problems: on bfloat16 ones the reference's float32 dsinks sets no bound for a kernel that computes it
+    from its bfloat16 output, as FlashAttention-style backwards do)."""
     result = ctx.vjp(p)
     t = p.truth
     verdicts = [_judge_out(p, result[0], f"{p.label} out")]
     grouped = p.grouped_baseline or (None, None)
-    for name, got, want, base, alt in zip(("dq", "dk", "dv"), result[1:], (t.dq, t.dk, t.dv), p.baseline[1:],
+    for name, got, want, base, alt in zip(("dq", "dk", "dv"), result[1:4], (t.dq, t.dk, t.dv), p.baseline[1:4],
                                           (None, *grouped)):
         verdicts.append(judge(f"{p.label} {name}", got, want, base, p.dtype, gradient=True,
                               magnitude=t.magnitude[name], alternative=alt, logit_scale=p.logit_max))
+    if p.sinks is not None and p.dtype == "float32":
+        verdicts.append(judge(f"{p.label} dsinks", result[4], t.dsinks, p.baseline[4], "float32", gradient=True,
+                              magnitude=t.magnitude["dsinks"], logit_scale=p.logit_max))
     violations = []
     unseen = ~t.visible.any(axis=1)  # [batch, kv_len]: keys no query may see
-    for name, got in zip(("dk", "dv"), result[2:]):
+    for name, got in zip(("dk", "dv"), result[2:4]):
         hit = unseen[:, :, None, None] & (got.astype(np.float32) != 0)
         if hit.any():
             b, j, h, d = (int(i) for i in np.argwhere(hit)[0])
@@ -402,34 +408,55 @@ def _one_hot_values(p: Problem) -> Problem:
     return p.replace(p.label + " one-hot V", v=v)
 
 
+def _why_hidden(p: Problem, b: int, i: int, j: int) -> list[str]:
+    """Each reason key ``j`` is invisible to row ``(b, i)`` of ``p`` under the contract, in words."""
+    why, position = [], i + p.offset
+    if p.causal and j > position:
+        why.append(f"in its future (bottom-right causal allows j <= {position})" if position >= 0
+                   else "in its future (under bottom-right causal this row sees no key)")
+    if p.lengths is not None and j >= p.lengths[b]:
+        why.append(f"padding (kv_lengths[{b}] = {p.lengths[b]})")
+    if p.window is not None:
+        left, right = p.window
+        if (left is not None and j < position - left) or (right is not None and j > position + right):
+            low = "" if left is None else position - left
+            high = "" if right is None else position + right
+            why.append(f"outside its window_size={p.window} (keys {low}..{high} around its position {position})")
+    if p.q_segments is not None and p.q_segments[b, i] != p.kv_segments[b, j]:
+        why.append(f"in segment {p.kv_segments[b, j]} (the row's is {p.q_segments[b, i]})")
+    return why
+
+
+def readout_violations(p: Problem, out: np.ndarray) -> list[str]:
+    """With V one-hot (``_one_hot_values``) the output is the probability matrix: the first key that got
+    probability while invisible, and the first visible key that got none, each as a line."""
+    lk = p.k.shape[1]
+    got = np.transpose(out.astype(np.float64)[..., :lk], (0, 2, 1, 3))  # [b, h, i, j] probabilities
+    vis = np.broadcast_to(p.truth.visible[:, None], got.shape)
+    leaked = ~vis & (got != 0)
+    hidden = vis & (got == 0) & (p.truth.probs > 1e-30)
+    violations = []
+    for kind, where in (("leak", leaked), ("hidden", hidden)):
+        if not where.any():
+            continue
+        b, h, i, j = (int(x) for x in np.argwhere(where)[0])
+        if kind == "leak":
+            violations.append(f"{p.label}: query (b={b}, i={i}, h={h}) gave probability {got[b, h, i, j]:.3g} "
+                              f"to key {j}, which is {' and '.join(_why_hidden(p, b, i, j))}")
+        else:
+            hint = " (causal mask aligned top-left?)" if p.causal and j > i else ""
+            violations.append(f"{p.label}: query (b={b}, i={i}, h={h}) gave zero probability to visible key "
+                              f"{j}{hint}")
+    return violations
+
+
 def check_mask_readout(ctx: Context) -> Outcome:
     ps = problems(ctx, "mask-readout", lambda r: [_one_hot_values(ctx.problem(r(n), "readout")) for n in range(2)])
     verdicts, violations = [], []
     for p in ps:
         out = ctx.forward(p)
         verdicts.append(_judge_out(p, out))
-        lk = p.k.shape[1]
-        got = np.transpose(out.astype(np.float64)[..., :lk], (0, 2, 1, 3))  # [b, h, i, j] probabilities
-        vis = np.broadcast_to(p.truth.visible[:, None], got.shape)
-        leaked = ~vis & (got != 0)
-        hidden = vis & (got == 0) & (p.truth.probs > 1e-30)
-        for kind, where in (("leak", leaked), ("hidden", hidden)):
-            if not where.any():
-                continue
-            b, h, i, j = (int(x) for x in np.argwhere(where)[0])
-            if kind == "leak":
-                why = []
-                if p.causal and j > i + p.offset:
-                    why.append(f"in its future (bottom-right causal allows j <= {i + p.offset})" if i + p.offset >= 0
-                               else "in its future (under bottom-right causal this row sees no key)")
-                if p.lengths is not None and j >= p.lengths[b]:
-                    why.append(f"padding (kv_lengths[{b}] = {p.lengths[b]})")
-                violations.append(f"{p.label}: query (b={b}, i={i}, h={h}) gave probability {got[b, h, i, j]:.3g} "
-                                  f"to key {j}, which is {' and '.join(why)}")
-            else:
-                hint = " (causal mask aligned top-left?)" if p.causal and j > i else ""
-                violations.append(f"{p.label}: query (b={b}, i={i}, h={h}) gave zero probability to visible key "
-                                  f"{j}{hint}")
+        violations += readout_violations(p, out)
     return _summarize(verdicts, violations, "with V one-hot the output is the probability matrix: exact zeros "
                                             "on every invisible key, none on visible ones")
 

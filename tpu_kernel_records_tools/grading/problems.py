@@ -28,24 +28,41 @@ class Problem:
     """One call's inputs and flags. ``ct`` (a random cotangent) is set when gradients are checked.
 
     q: ``[batch, q_len, num_q_heads, head_dim]``; k, v: ``[batch, kv_len, num_kv_heads, head_dim]``;
-    ct like q; ``lengths``: NumPy int32 ``[batch]`` or None. ``truth`` is the float64 oracle on these
-    inputs; ``baseline`` the contract-precision reference's results (``grouped_baseline``: the same with
-    K/V repeated per query head, see there).
+    ct like q; ``lengths``: NumPy int32 ``[batch]`` or None. The features (``kernel_src.contract``), None
+    when not used: ``window`` ``(left, right)``, ``softcap`` (float), ``q_segments`` / ``kv_segments``
+    (NumPy int32 ``[batch, q_len]`` / ``[batch, kv_len]``), ``sinks`` (NumPy float32 ``[num_q_heads]``).
+    ``truth`` is the float64 oracle on these inputs; ``baseline`` the contract-precision reference's
+    results (``grouped_baseline``: the same with K/V repeated per query head, see there).
     """
 
     def __init__(self, label: str, dtype: str, q, k, v, *, causal: bool = False, kv_lengths=None,
-                 scale: float | None = None, ct=None):
+                 scale: float | None = None, ct=None, window=None, softcap: float | None = None,
+                 q_segments=None, kv_segments=None, sinks=None):
         self.label, self.dtype, self.causal, self.scale = label, dtype, causal, scale
         self.q, self.k, self.v = (jnp.asarray(x, dtype) for x in (q, k, v))
         self.ct = None if ct is None else jnp.asarray(ct, dtype)
         self.lengths = None if kv_lengths is None else np.asarray(kv_lengths, np.int32)
         self.kv_lengths = None if kv_lengths is None else jnp.asarray(self.lengths)
+        self.window = None if window is None else tuple(window)
+        self.softcap = None if softcap is None else float(softcap)
+        self.q_segments = None if q_segments is None else np.asarray(q_segments, np.int32)
+        self.kv_segments = None if kv_segments is None else np.asarray(kv_segments, np.int32)
+        self.sinks = None if sinks is None else np.asarray(sinks, np.float32)
         self.derived = False  # True for a changed copy of another problem (stays-put and determinism checks)
         self.slot: str | None = None  # the slot drawn at (``normal``), if any
 
     @property
+    def features(self) -> dict:
+        """The feature arguments this problem uses, as the contract names them (NumPy arrays)."""
+        found = {"window_size": self.window, "softcap": self.softcap, "q_segment_ids": self.q_segments,
+                 "kv_segment_ids": self.kv_segments, "sinks": self.sinks}
+        return {name: value for name, value in found.items() if value is not None}
+
+    @property
     def kwargs(self) -> dict:
-        return {"causal": self.causal, "kv_lengths": self.kv_lengths, "scale": self.scale}
+        """The candidate's keyword arguments: the base flags, and only the features this problem uses."""
+        return {"causal": self.causal, "kv_lengths": self.kv_lengths, "scale": self.scale,
+                **{n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}}
 
     @property
     def offset(self) -> int:
@@ -59,13 +76,15 @@ class Problem:
     def key(self) -> tuple:
         """What a kernel that memoizes by shape would key on: shapes, dtype and flags."""
         return (tuple(self.q.shape), tuple(self.k.shape), self.dtype, self.causal, self.lengths is None,
-                self.scale)
+                self.scale, self.window, self.softcap, self.q_segments is None, self.sinks is None)
 
     def replace(self, label: str, **arrays) -> "Problem":
-        """The same flags with some of q/k/v/ct replaced (NumPy float32 values); always fresh arrays."""
+        """The same flags with some of q/k/v/ct (NumPy float32 values) or of the feature arrays
+        (``q_segments``, ``kv_segments``, ``sinks``) replaced; always fresh arrays."""
         a = {n: arrays.get(n, None if getattr(self, n) is None else self.host(n)) for n in ("q", "k", "v", "ct")}
+        f = {n: arrays.get(n, getattr(self, n)) for n in ("q_segments", "kv_segments", "sinks")}
         p = Problem(label, self.dtype, a["q"], a["k"], a["v"], ct=a["ct"], causal=self.causal,
-                    kv_lengths=self.lengths, scale=self.scale)
+                    kv_lengths=self.lengths, scale=self.scale, window=self.window, softcap=self.softcap, **f)
         p.slot = self.slot
         return p
 
@@ -83,7 +102,9 @@ class Problem:
         """The float64 oracle (magnitudes, a scale for errors, in float32; each query head's dK/dV share
         where ``grouped_baseline`` needs it)."""
         return oracle.attention(self.q, self.k, self.v, self.ct, causal=self.causal, kv_lengths=self.lengths,
-                                scale=self.scale, magnitude_dtype=np.float32, per_head=self._grouped)
+                                scale=self.scale, window=self.window, softcap=self.softcap,
+                                q_segment_ids=self.q_segments, kv_segment_ids=self.kv_segments, sinks=self.sinks,
+                                magnitude_dtype=np.float32, per_head=self._grouped)
 
     @property
     def _grouped(self) -> bool:
@@ -91,15 +112,19 @@ class Problem:
 
     @functools.cached_property
     def baseline(self) -> tuple[np.ndarray, ...]:
-        """The reference's ``(out,)`` or ``(out, dq, dk, dv)`` when ``ct`` is set.
+        """The reference's ``(out,)`` or ``(out, dq, dk, dv)`` when ``ct`` is set (and ``dsinks`` after them
+        when the problem has sinks).
 
         A slot graded with gradients (``grading.slots.GRADIENT_SLOTS``) gets both from one compiled
         program per shape and flags (a forward-only problem runs it under a zero cotangent), so it
         compiles once; a forward-only slot runs the reference's forward alone."""
+        features = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}
         if self.ct is None and not gradient_slot(self.slot):
-            return (np.asarray(reference(self.q, self.k, self.v, **self.kwargs)),)
+            return (np.asarray(reference(self.q, self.k, self.v, causal=self.causal, kv_lengths=self.kv_lengths,
+                                         scale=self.scale, **features)),)
         ct = np.zeros(self.q.shape, self.q.dtype) if self.ct is None else self.ct
-        result = _reference_vjp(self.q, self.k, self.v, ct, self.kv_lengths, causal=self.causal, scale=self.scale)
+        result = _reference_vjp(self.q, self.k, self.v, ct, self.kv_lengths, causal=self.causal, scale=self.scale,
+                                **features)
         return tuple(np.asarray(x) for x in (result[:1] if self.ct is None else result))
 
     def prepare(self) -> None:
@@ -219,11 +244,18 @@ def compute_ahead(found) -> None:
         _JOBS.put(lambda p=p: (p.baseline, p.grouped_baseline))
 
 
-@functools.partial(jit_cpu, static_argnames=("causal", "scale"))
-def _reference_vjp(q, k, v, ct, kv_lengths, *, causal: bool, scale: float | None):
-    """The reference's output and its gradients under ``ct``, compiled as one program per shape and flags."""
-    out, pull = jax.vjp(lambda q, k, v: reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale),
-                        q, k, v)
+@functools.partial(jit_cpu, static_argnames=("causal", "scale", "window_size", "softcap"))
+def _reference_vjp(q, k, v, ct, kv_lengths, *, causal: bool, scale: float | None, window_size=None,
+                   softcap: float | None = None, q_segment_ids=None, kv_segment_ids=None, sinks=None):
+    """The reference's output and its gradients under ``ct`` (and ``dsinks`` last, with sinks), compiled as
+    one program per shape and flags."""
+    def call(q, k, v, sinks):
+        return reference(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale, window_size=window_size,
+                         softcap=softcap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks)
+    if sinks is None:
+        out, pull = jax.vjp(lambda q, k, v: call(q, k, v, None), q, k, v)
+    else:
+        out, pull = jax.vjp(call, q, k, v, sinks)
     return (out, *pull(ct))
 
 

@@ -1,7 +1,8 @@
 """Correctness rubric: grade any candidate that follows the contract and return a scorecard.
 
-``grade("pallas")`` runs every check in ``grading.checks.CHECKS`` (then ``finite``) on fresh inputs drawn
-from ``seed`` and returns a :class:`Scorecard`. The candidate runs in its own worker process
+``grade("pallas")`` runs every check in ``grading.checks.CHECKS``, then the check of each feature the
+candidate declares (``grading.feature_checks``, ``kernel_src.contract.declared_features``), then
+``finite``, on fresh inputs drawn from ``seed`` and returns a :class:`Scorecard`. The candidate runs in its own worker process
 (``grading.runner``, ``grading.sandbox``): it sees only the problem inputs, never the truth, the
 reference's baseline or the grader's state, and every process it starts is killed before the next
 candidate is graded. Nothing a candidate does escapes as a traceback or changes another candidate's
@@ -20,6 +21,7 @@ from typing import Sequence
 from tqdm.auto import tqdm
 
 from ..grading import checks as C
+from ..grading.feature_checks import FEATURE_CHECKS
 from ..grading import isolation as isolations
 from ..grading import tripwire
 from ..grading.candidates import Candidate, resolve
@@ -71,6 +73,7 @@ class Scorecard:
     tampered: bool = False  # the candidate changed files the grader runs (grading.tripwire): stop grading
     isolation: str = "process"  # where its worker ran: "bubblewrap" or "process" (grading.isolation)
     memory_limit: str | None = None  # what bounded its worker's memory: grading.memcg.KINDS; None: no worker ran
+    features: tuple[str, ...] = ()  # the declared features graded on top of the base contract (contract.FEATURES)
 
     @property
     def passed(self) -> bool:
@@ -93,7 +96,7 @@ class Scorecard:
         return {"candidate": self.candidate, "kind": self.kind, "passed": self.passed, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "level": self.level,
                 "isolation": self.isolation, **({"memory_limit": self.memory_limit} if self.memory_limit else {}),
-                "checks": [c.to_dict() for c in self.checks]}
+                "features": list(self.features), "checks": [c.to_dict() for c in self.checks]}
 
 
 def _all_failed(reason: str) -> list[CheckResult]:
@@ -160,10 +163,18 @@ def _not_graded(candidate: str | Candidate, why: str, seed: int, level: str) -> 
     return Scorecard(cand.name, cand.kind, _all_failed(f"not run: {why}"), error=why, seed=seed, level=level)
 
 
+def checks_for(features: Sequence[str] = ()) -> tuple[C.CheckSpec, ...]:
+    """The checks a candidate declaring ``features`` gets: every base check, then each feature's own."""
+    return (*C.CHECKS, *(FEATURE_CHECKS[f] for f in features))
+
+
 def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str) -> Scorecard:
     ctx = C.Context(runner, seed, level=level)
     results, verdicts = [], {}
-    for spec in C.CHECKS:
+    features = tuple(runner.features)
+    if features:  # their problems are built while the base checks run
+        C.plan_ahead(seed, level, [FEATURE_CHECKS[f] for f in features])
+    for spec in checks_for(features):
         runner.check = spec.name
         try:
             outcome = spec.run(ctx)
@@ -176,7 +187,7 @@ def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str) -> Score
                                    float(spec.points), outcome.detail, outcome.error, outcome.tolerance,
                                    outcome.baseline_error))
     results.append(_finite(runner))
-    return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts)
+    return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts, features=features)
 
 
 def _finite(runner: C.Runner) -> CheckResult:

@@ -24,6 +24,7 @@ from ..grading.isolation import inside_path
 from ..grading.problems import Problem
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB, STARTUP_LIMIT_S, Expired, Sandbox, WorkerGone, load_request
 from ..grading.worker import ProtocolError
+from kernel_src.contract import canonical_features
 
 DEFAULT_TIME_LIMIT_S = 600.0  # per scorecard; a Pallas kernel in interpret mode needs minutes on 2 CPU cores
 
@@ -59,6 +60,7 @@ class Runner:
         self.sandbox: Sandbox | None = None
         self.down: str | None = None  # why the worker is gone, once it is
         self.startup_s = 0.0          # seconds from launch to a loaded candidate (last start)
+        self.features: tuple[str, ...] = ()  # what the loaded candidate declares (kernel_src.contract.FEATURES)
         self.new_scorecard()
 
     def new_scorecard(self) -> None:
@@ -106,6 +108,12 @@ class Runner:
             if "ModuleNotFoundError" in self.down and self.isolation == "bubblewrap" and root is None:
                 self.down += (" (the sandbox sees the candidate's file alone: give a kernel of several files "
                               "with --candidate-dir DIR, or as an installed package)")
+            self.close()
+            return self.down
+        try:
+            self.features = canonical_features(reply.get("features") or ())
+        except (ValueError, TypeError) as e:
+            self.down = f"the candidate's declared features: {_clean(str(e))}"
             self.close()
             return self.down
         return None
@@ -156,13 +164,17 @@ class Runner:
             self.used_s += time.monotonic() - start - (self.sandbox.grader_s if self.sandbox else 0.0)
 
     def _call(self, what: str, p: Problem, grad: bool) -> list[np.ndarray]:
-        kw = p.kwargs
         arrays = [np.asarray(p.q), np.asarray(p.k), np.asarray(p.v)] + ([np.asarray(p.ct)] if grad else [])
-        if kw.get("kv_lengths") is not None:
-            arrays.append(np.asarray(kw["kv_lengths"]))
-        scale = kw.get("scale")
-        header = {"op": "vjp" if grad else "forward", "causal": bool(kw.get("causal", False)),
-                  "scale": None if scale is None else float(scale), "has_lengths": kw.get("kv_lengths") is not None}
+        if p.kv_lengths is not None:
+            arrays.append(np.asarray(p.kv_lengths))
+        if p.q_segments is not None:
+            arrays += [p.q_segments, p.kv_segments]
+        if p.sinks is not None:
+            arrays.append(p.sinks)
+        header = {"op": "vjp" if grad else "forward", "causal": bool(p.causal),
+                  "scale": None if p.scale is None else float(p.scale), "has_lengths": p.kv_lengths is not None,
+                  "has_segments": p.q_segments is not None, "has_sinks": p.sinks is not None,
+                  "window": None if p.window is None else list(p.window), "softcap": p.softcap}
         limit = 8 * sum(a.nbytes for a in arrays) + (1 << 20)
         # The truth and baselines a fresh problem is judged by are computed while the candidate computes.
         prepare = None if p.derived else p.prepare
@@ -175,7 +187,7 @@ class Runner:
             names = ", ".join(_clean(n, 20) for n in modified[:5])
             raise CandidateFailure(f"{what}: inputs modified: the candidate wrote into {names} during the call "
                                    f"(the grader judges against its own copies)")
-        if len(results) != (4 if grad else 1):
+        if len(results) != ((5 if p.sinks is not None else 4) if grad else 1):
             raise CandidateFailure(f"{what}: the worker returned {len(results)} arrays")
         return results
 
@@ -197,13 +209,16 @@ class Runner:
             self._observe(p.label, "out", out)
         return out
 
-    def vjp(self, p: Problem) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``(out, dq, dk, dv)`` under the cotangent ``p.ct`` (cast to the output's dtype in the worker)."""
+    def vjp(self, p: Problem) -> tuple[np.ndarray, ...]:
+        """``(out, dq, dk, dv)`` under the cotangent ``p.ct`` (cast to the output's dtype in the worker), and
+        ``dsinks`` after them when ``p`` has sinks."""
         result = tuple(self._call(f"{p.label} gradients", p, grad=True))
-        for name, x, like in zip(("out", "dq", "dk", "dv"), result, (p.q, p.q, p.k, p.v)):
+        names = ("out", "dq", "dk", "dv", "dsinks")
+        likes = (p.q, p.q, p.k, p.v, p.sinks)
+        for name, x, like in zip(names, result, likes):
             if x.shape != tuple(like.shape):
                 raise CandidateFailure(f"{p.label}: {name} shape {x.shape}, expected {tuple(like.shape)}")
-        for name, x in zip(("out", "dq", "dk", "dv"), result):
+        for name, x in zip(names, result):
             self._observe(p.label, name, x)
         return result
 

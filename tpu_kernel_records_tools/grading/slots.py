@@ -261,3 +261,150 @@ def serving_lengths(rng: np.random.Generator, dims: Dims) -> np.ndarray:
     width = (lk - 1) / n
     middle = [int(rng.integers(1 + int(i * width + width / 4), 1 + int(i * width + 3 * width / 4))) for i in range(n)]
     return rng.permutation(np.array([0, lk, *middle])).astype(np.int32)
+
+
+# --------------------------------------------------------------------------------------------------
+# The features' slots (``kernel_src.contract.FEATURES``), graded only for a candidate that declares the
+# feature (``grading.feature_checks``). Every slot is graded on every seed; the shapes and the feature
+# values are drawn by seed from a generator of their own, so adding them moved no base slot.
+#
+# window (W: a model's sliding window, ``window_size=(W - 1, 0)``; "~" as above):
+#   train    batch 1, q = kv = 3W + r(1, 300), W = 128 (gpt-oss), 8/1 heads, d 64, causal, f32, grads
+#   wide     as train with window (W, 0): one key more than the model's window (the other side of W - 1)
+#   chunk    chunked prefill q 128 + r(1, 127) against kv ~3W + r(1, 999), W = 1024 (Gemma 3), 4/2, d 128
+#   decode   batch 4, q 1, kv ~3W + r(1, 1999), W = 4096 (Mistral), 8/2, d 128, kv_lengths: full, inside
+#            the window, and two that leave the row no visible key (zeros)
+#   short    q = kv = 300 + r(1, 200) < W = 4096, 2/1 heads, d 256, causal, bf16, grads (= plain causal)
+#   all      q 64 + r(0, 63), kv 256 + r(1, 127), left >= kv - 1 (= plain causal), f32
+#   self     window (0, 0), not causal: each row sees its own position only; q 96 + r(0, 31) <= kv, grads
+#   odd      window (left, right), left 300 + r(1, 99) and right 50 + r(1, 99), no multiple of 128, not
+#            causal, q 200 + r(0, 55), kv ~1024 + r(1, 299): whole leading key blocks masked for every row
+#   ahead    q_len > kv_len (rows ahead of every key see none), window (31 + r(0, 32), 0), causal
+#   readout  one-hot V (kv <= head_dim 256), window (17 + r(0, 40), r(0, 9)), causal, kv_lengths
+# softcap:
+#   cap5     cap 5, q x6 (logits far past the cap), batch 3 with kv_lengths (0 and full), causal, grads
+#   cap50    cap 50, scale 144 ** -0.5 at d 128 (Gemma 2 27B), q x40, 8/4 heads, causal, bf16, grads
+#   d256     cap 50 at d 256 (Gemma 2 9B), q x60, 4/2 heads, not causal, f32
+#   huge     cap 1e30 (= no cap), f32: compared with the same call without the cap
+# segments (ids of the key positions; queries carry the id of their own position when q = kv):
+#   packed   training row, q = kv ~1024 + r(1, 299), batch 2, 4-16 documents (one of them one key long,
+#            boundaries inside tiles), causal, 4/2, d 64, f32, grads
+#   repeat   ids in runs of 1-40 drawn from {0, 1, 2} (A B A), not causal, q = kv 200 + r(0, 55), d 256,
+#            one-hot V readout
+#   cross    q 64 + r(0, 63) ids, kv 300 + r(1, 99) ids of their own (q_len != kv_len), a query id that
+#            no key has (zeros), kv_lengths, not causal, f32
+#   equal    every id equal (= no ids), causal, kv_lengths, bf16: compared with the call without ids
+# sinks (one per query head, differing within a kv group):
+#   random   16/2 heads (gpt-oss's group of 8), d 64, N(0, 2) sinks, causal, f32, grads (dsinks)
+#   high     sinks 40-60 above every logit, kv_lengths with 0 (a fully masked row: zeros), f32
+#   low      sinks near -60 (below every logit), bf16, grads
+#   off      sinks -1e30 (= no sinks), f32: compared with the same call without sinks
+
+FEATURE_SEED = "feature shapes"
+
+
+@functools.lru_cache(maxsize=64)
+def draw_feature_slots(seed: int, level: str = "full") -> dict[str, dict]:
+    """Slot name ``"feature/probe"`` -> ``{"dims", "dtype", "causal", "lengths", "scale", "window",
+    "softcap", "q_boost", "segments", "sinks", "grad"}`` (see the table above); ``level="quick"``
+    draws the same probes at toy sizes (windows of a few keys)."""
+    if level not in LEVELS:
+        raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
+    rng = _rng(seed, FEATURE_SEED)
+    quick = level == "quick"
+
+    def r(a: int, b: int) -> int:
+        return int(rng.integers(a, b + 1))
+
+    def slot(dims, dtype, causal, *, lengths=False, scale=None, window=None, softcap=None, q_boost=1.0,
+             segments=None, sinks=None, grad=False):
+        return {"dims": dims, "dtype": dtype, "causal": causal, "lengths": lengths, "scale": scale,
+                "window": window, "softcap": softcap, "q_boost": q_boost, "segments": segments, "sinks": sinks,
+                "grad": grad}
+
+    s = {}
+    if quick:  # windows of 4-8 keys over a few dozen: each probe's geometry at toy sizes
+        w = 8
+        s["window/train"] = slot(Dims(1, 3 * w + r(1, 9), 0, 4, 1, 32), "float32", True, window=(w - 1, 0), grad=True)
+        s["window/wide"] = slot(s["window/train"]["dims"], "float32", True, window=(w, 0))
+        s["window/chunk"] = slot(Dims(1, 8 + r(0, 7), 3 * w + r(1, 9), 4, 2, 32), "float32", True, window=(w - 1, 0))
+        s["window/decode"] = slot(Dims(4, 1, 3 * w + r(1, 9), 4, 2, 32), "float32", True, lengths=True,
+                                  window=(w - 1, 0))
+        s["window/short"] = slot(Dims(1, 12 + r(0, 3), 0, 2, 1, 64), "bfloat16", True, window=(4 * w - 1, 0), grad=True)
+        s["window/all"] = slot(Dims(1, 8 + r(0, 7), 20 + r(1, 9), 2, 1, 32), "float32", True)
+        s["window/self"] = slot(Dims(1, 10 + r(0, 5), 0, 2, 1, 32), "float32", False, window=(0, 0), grad=True)
+        s["window/odd"] = slot(Dims(1, 10 + r(0, 5), 40 + r(1, 9), 2, 1, 32), "float32", False,
+                               window=(9 + r(0, 3), 2 + r(0, 2)), grad=True)
+        s["window/ahead"] = slot(Dims(2, 0, 12 + r(0, 3), 2, 1, 32), "float32", True, window=(3 + r(0, 2), 0))
+        s["window/readout"] = slot(Dims(3, 12 + r(0, 3), 24 + r(0, 7), 2, 1, 64), "float32", True, lengths=True,
+                                   window=(5 + r(0, 3), r(0, 2)))
+        s["softcap/cap5"] = slot(Dims(3, 8 + r(0, 7), 24 + r(0, 7), 4, 2, 32), "float32", True, lengths=True,
+                                 softcap=5.0, q_boost=6.0, grad=True)
+        s["softcap/cap50"] = slot(Dims(1, 16 + r(0, 7), 0, 4, 2, 32), "bfloat16", True, scale=144 ** -0.5,
+                                  softcap=50.0, q_boost=40.0, grad=True)
+        s["softcap/d256"] = slot(Dims(1, 8 + r(0, 7), 20 + r(0, 7), 2, 1, 64), "float32", False, softcap=50.0,
+                                 q_boost=60.0)
+        s["softcap/huge"] = slot(Dims(1, 8 + r(0, 7), 20 + r(0, 7), 2, 1, 32), "float32", False, softcap=1e30)
+        s["segments/packed"] = slot(Dims(2, 40 + r(0, 9), 0, 4, 2, 32), "float32", True, segments="packed", grad=True)
+        s["segments/repeat"] = slot(Dims(1, 24 + r(0, 7), 0, 2, 1, 64), "float32", False, segments="repeat")
+        s["segments/cross"] = slot(Dims(2, 8 + r(0, 7), 30 + r(0, 9), 2, 1, 32), "float32", False, lengths=True,
+                                   segments="cross")
+        s["segments/equal"] = slot(Dims(3, 12 + r(0, 3), 20 + r(0, 7), 2, 1, 32), "bfloat16", True, lengths=True,
+                                   segments="equal")
+        s["sinks/random"] = slot(Dims(1, 8 + r(0, 7), 24 + r(0, 7), 8, 2, 32), "float32", True, sinks="random",
+                                 grad=True)
+        s["sinks/high"] = slot(Dims(3, 8 + r(0, 7), 20 + r(0, 7), 4, 2, 32), "float32", True, lengths=True,
+                               sinks="high")
+        s["sinks/low"] = slot(Dims(1, 8 + r(0, 7), 20 + r(0, 7), 4, 2, 32), "bfloat16", True, sinks="low", grad=True)
+        s["sinks/off"] = slot(Dims(1, 8 + r(0, 7), 20 + r(0, 7), 4, 2, 32), "float32", False, sinks="off")
+    else:
+        w = 128
+        n = 3 * w + r(1, 300)
+        s["window/train"] = slot(Dims(1, n, 0, 8, 1, 64), "float32", True, window=(w - 1, 0), grad=True)
+        s["window/wide"] = slot(Dims(1, n, 0, 8, 1, 64), "float32", True, window=(w, 0))
+        w = 1024
+        s["window/chunk"] = slot(Dims(1, 128 + r(1, 127), _not_tile_multiple(3 * w + r(1, 999)), 4, 2, 128),
+                                 "float32", True, window=(w - 1, 0))
+        w = 4096
+        s["window/decode"] = slot(Dims(4, 1, _not_tile_multiple(3 * w + r(1, 1999)), 8, 2, 128), "float32", True,
+                                  lengths=True, window=(w - 1, 0))
+        s["window/short"] = slot(Dims(1, 300 + r(1, 200), 0, 2, 1, 256), "bfloat16", True, window=(w - 1, 0),
+                                 grad=True)
+        s["window/all"] = slot(Dims(1, 64 + r(0, 63), 256 + r(1, 127), 2, 1, 128), "float32", True)
+        s["window/self"] = slot(Dims(1, 96 + r(0, 31), 0, 4, 2, 64), "float32", False, window=(0, 0), grad=True)
+        left = _not_tile_multiple(300 + r(1, 99))
+        s["window/odd"] = slot(Dims(1, 200 + r(0, 55), _not_tile_multiple(1024 + r(1, 299)), 2, 1, 128), "float32",
+                               False, window=(left, 50 + r(1, 99)), grad=True)
+        s["window/ahead"] = slot(Dims(2, 0, 128 + r(1, 100), 2, 1, 64), "float32", True, window=(31 + r(0, 32), 0))
+        s["window/readout"] = slot(Dims(3, 96 + r(0, 31), 160 + r(0, 95), 4, 2, 256), "float32", True, lengths=True,
+                                   window=(17 + r(0, 40), r(0, 9)))
+        s["softcap/cap5"] = slot(Dims(3, 64 + r(0, 63), 300 + r(1, 200), 8, 2, 128), "float32", True, lengths=True,
+                                 softcap=5.0, q_boost=6.0, grad=True)
+        s["softcap/cap50"] = slot(Dims(1, 256 + r(1, 127), 0, 8, 4, 128), "bfloat16", True, scale=144 ** -0.5,
+                                  softcap=50.0, q_boost=40.0, grad=True)
+        s["softcap/d256"] = slot(Dims(1, 48 + r(0, 15), 200 + r(1, 99), 4, 2, 256), "float32", False, softcap=50.0,
+                                 q_boost=60.0)
+        s["softcap/huge"] = slot(Dims(1, 64 + r(0, 63), 256 + r(1, 127), 2, 1, 64), "float32", False, softcap=1e30)
+        s["segments/packed"] = slot(Dims(2, _not_tile_multiple(1024 + r(1, 299)), 0, 4, 2, 64), "float32", True,
+                                    segments="packed", grad=True)
+        s["segments/repeat"] = slot(Dims(1, 200 + r(0, 55), 0, 4, 1, 256), "float32", False, segments="repeat")
+        s["segments/cross"] = slot(Dims(2, 64 + r(0, 63), 300 + r(1, 99), 4, 2, 64), "float32", False, lengths=True,
+                                   segments="cross")
+        s["segments/equal"] = slot(Dims(3, 128 + r(1, 127), 384 + r(1, 127), 4, 2, 128), "bfloat16", True,
+                                   lengths=True, segments="equal")
+        s["sinks/random"] = slot(Dims(1, 128 + r(1, 127), 384 + r(1, 127), 16, 2, 64), "float32", True,
+                                 sinks="random", grad=True)
+        s["sinks/high"] = slot(Dims(3, 64 + r(0, 63), 256 + r(1, 127), 8, 2, 64), "float32", True, lengths=True,
+                               sinks="high")
+        s["sinks/low"] = slot(Dims(1, 128 + r(1, 127), 256 + r(1, 127), 8, 1, 64), "bfloat16", True, sinks="low",
+                              grad=True)
+        s["sinks/off"] = slot(Dims(1, 64 + r(0, 63), 256 + r(1, 127), 4, 2, 64), "float32", False, sinks="off")
+    for name, spec in s.items():  # kv_len 0 above: as long as q (square, training); q_len 0: kv + 200..300
+        d = spec["dims"]
+        if d.kv_len == 0:
+            spec["dims"] = d._replace(kv_len=d.q_len)
+        elif d.q_len == 0:
+            spec["dims"] = d._replace(q_len=d.kv_len + (8 + r(0, 3) if quick else 200 + r(0, 100)))
+        if name == "window/all":
+            spec["window"] = (spec["dims"].kv_len - 1 + r(0, 5), None)
+    return s

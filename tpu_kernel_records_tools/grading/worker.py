@@ -188,32 +188,52 @@ class _Server:
             return {"ok": False, "error": f"cannot load the candidate: {_first_line(e)}"}
         if not callable(fn):
             return {"ok": False, "error": f"the candidate is a {type(fn).__name__}, not callable"}
+        from kernel_src.contract import declared_features
+        try:
+            features = list(declared_features(fn))
+        except BaseException as e:  # noqa: BLE001 - a malformed or raising ``features`` attribute
+            return {"ok": False, "error": f"the candidate's declared features: {_first_line(e)}"}
         self.fn = fn
-        return {"ok": True}
+        return {"ok": True, "features": features}
 
     def call(self, header: dict, arrays: list) -> tuple[dict, list]:
-        """``forward``: arrays q, k, v[, kv_lengths] -> out. ``vjp``: q, k, v, ct[, kv_lengths] -> 4 arrays."""
+        """``forward``: arrays q, k, v[, kv_lengths][, q_segment_ids, kv_segment_ids][, sinks] -> out.
+        ``vjp``: q, k, v, cotangent[, ...] -> out, dq, dk, dv[, dsinks]. Feature arguments reach the
+        candidate only when the request sets them (``window``, ``softcap`` in the header)."""
         jnp = self.jnp
         grad = header["op"] == "vjp"
         names = ["q", "k", "v"] + (["cotangent"] if grad else []) + (["kv_lengths"] if header.get("has_lengths") else [])
+        names += ["q_segment_ids", "kv_segment_ids"] if header.get("has_segments") else []
+        names += ["sinks"] if header.get("has_sinks") else []
         if len(arrays) != len(names):
             return {"ok": False, "error": f"expected {len(names)} arrays, got {len(arrays)}"}, []
         before = self._digest(arrays)
         given = [jnp.asarray(a) for a in arrays]  # what the candidate can reach, in ``names`` order
+        named = dict(zip(names, given))
         q, k, v = given[:3]
-        kwargs = {"causal": bool(header["causal"]), "kv_lengths": given[-1] if header.get("has_lengths") else None,
-                  "scale": header.get("scale")}
+        kwargs = {"causal": bool(header["causal"]), "kv_lengths": named.get("kv_lengths"), "scale": header.get("scale")}
+        if header.get("window") is not None:
+            kwargs["window_size"] = tuple(header["window"])
+        if header.get("softcap") is not None:
+            kwargs["softcap"] = float(header["softcap"])
+        for name in ("q_segment_ids", "kv_segment_ids"):
+            if name in named:
+                kwargs[name] = named[name]
+        sinks = named.get("sinks")
         if grad:
-            out, pull = self.vjp(lambda q, k, v: self.fn(q, k, v, **kwargs), q, k, v)
+            if sinks is None:
+                out, pull = self.vjp(lambda q, k, v: self.fn(q, k, v, **kwargs), q, k, v)
+            else:
+                out, pull = self.vjp(lambda q, k, v, s: self.fn(q, k, v, **kwargs, sinks=s), q, k, v, sinks)
             if not (hasattr(out, "shape") and hasattr(out, "dtype")):
                 return {"ok": False, "error": f"output is a {type(out).__name__}, not an array"}, []
             if tuple(out.shape) != tuple(q.shape):
                 return {"ok": False, "error": f"output shape {tuple(out.shape)}, expected {tuple(q.shape)}"}, []
-            results = [out, *pull(given[3].astype(out.dtype))]
+            results = [out, *pull(named["cotangent"].astype(out.dtype))]
         else:
-            results = [self.fn(q, k, v, **kwargs)]
+            results = [self.fn(q, k, v, **kwargs, **({} if sinks is None else {"sinks": sinks}))]
         host = []
-        for name, x in zip(("output", "dq", "dk", "dv"), results):
+        for name, x in zip(("output", "dq", "dk", "dv", "dsinks"), results):
             if not (hasattr(x, "shape") and hasattr(x, "dtype")):
                 return {"ok": False, "error": f"{name} is a {type(x).__name__}, not an array"}, []
             x = self.asarray(x)
