@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernel_src.contract import FEATURES, declared_features
 from kernel_src.reference import reference_attention
 from kernel_src.registry import IMPLEMENTATIONS
 
@@ -377,24 +378,41 @@ def jit_cpu(fn, **jit_kwargs):
     return call
 
 
-def _contract(fn):
-    """Give ``fn(q, k, v, kv_lengths, *, causal, scale)`` the contract's signature, jitted per flags."""
-    jitted = jit_cpu(fn, static_argnames=("causal", "scale"))
+STATIC_FEATURES = ("window_size", "softcap")  # hashable feature arguments: static under jit, like scale
+
+
+def given_features(window_size=None, softcap=None, q_segment_ids=None, kv_segment_ids=None, sinks=None) -> dict:
+    """The feature arguments that are set, window and cap made hashable (static under ``jax.jit``)."""
+    found = {"window_size": None if window_size is None else tuple(window_size),
+             "softcap": None if softcap is None else float(softcap), "q_segment_ids": q_segment_ids,
+             "kv_segment_ids": kv_segment_ids, "sinks": sinks}
+    return {n: x for n, x in found.items() if x is not None}
+
+
+def _contract(fn, features: tuple[str, ...] = ()):
+    """Give ``fn(q, k, v, kv_lengths, *, causal, scale, **features)`` the contract's signature, jitted per
+    flags; it declares ``features`` and is passed only the feature arguments a call sets."""
+    jitted = jit_cpu(fn, static_argnames=("causal", "scale", *(STATIC_FEATURES if features else ())))
 
     @functools.wraps(fn)
-    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
-        return jitted(q, k, v, kv_lengths, causal=bool(causal), scale=None if scale is None else float(scale))
+    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None, **features):
+        return jitted(q, k, v, kv_lengths, causal=bool(causal), scale=None if scale is None else float(scale),
+                      **given_features(**features))
 
+    attention.features = features
     return attention
 
 
-def _reference_fn(q, k, v, kv_lengths, *, causal, scale):
-    return reference_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+def _reference_fn(q, k, v, kv_lengths, *, causal, scale, window_size=None, softcap=None, q_segment_ids=None,
+                  kv_segment_ids=None, sinks=None):
+    return reference_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale, window_size=window_size,
+                               softcap=softcap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                               sinks=sinks)
 
 
-reference = _contract(_reference_fn)
-"""``kernel_src.reference_attention`` jitted per (causal, scale): the ``reference`` candidate and the
-rubric's baseline (one compiled executable serves both)."""
+reference = _contract(_reference_fn, FEATURES)
+"""``kernel_src.reference_attention`` jitted per (causal, scale, window, cap): the ``reference`` candidate and
+the rubric's baseline (one compiled executable serves both); it declares every feature."""
 
 
 def _reference_with_backward(backward: Callable) -> Attention:
@@ -560,13 +578,15 @@ def _kernel(find: Callable[[], Attention]) -> Callable[[], Attention]:
 
 
 def jit_contract(fn: Attention) -> Attention:
-    """``fn`` under ``jax.jit`` with static ``causal`` and ``scale``, called with the contract's signature."""
-    jitted = jax.jit(fn, static_argnames=("causal", "scale"))
+    """``fn`` under ``jax.jit`` with static ``causal``, ``scale``, ``window_size`` and ``softcap``, called with the
+    contract's signature (only the feature arguments a call sets reach ``fn``); keeps ``fn``'s features."""
+    static = ("causal", "scale", *(STATIC_FEATURES if declared_features(fn) else ()))
+    jitted = jax.jit(fn, static_argnames=static)
 
     @functools.wraps(fn)
-    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None, **features):
         return jitted(q, k, v, causal=bool(causal), kv_lengths=kv_lengths,
-                      scale=None if scale is None else float(scale))
+                      scale=None if scale is None else float(scale), **given_features(**features))
 
     return attention
 
