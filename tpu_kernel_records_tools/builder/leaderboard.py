@@ -5,6 +5,12 @@ name, its rubric verdict, the median time with a distribution-free 95% confidenc
 median (order statistics of the samples), the ratios to XLA and to the project's flash kernel at the
 same shape (bootstrap 95% CIs, from the run's pairs) and the record id. Rows measured in interpret
 mode or on a CPU are listed in their own table, labelled: they say nothing about kernel speed.
+
+Each row also names the contract it was graded on (``Graded on``): the base contract, plus the
+features the kernel declared (the ``features`` column of its scorecard; null, in a run graded before
+features existed, is the base contract). Kernels graded on different feature sets are different
+contests: each feature set gets its own table (base first, then by the contract's feature order), so
+no kernel is ranked against one graded on more or less.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from ..records.rawio import scorecard_features
 from .markdown import Markdown, code, text
 
 SUBMITTED = "submitted"
@@ -40,35 +47,53 @@ def _ratio(pairs: list[dict[str, Any]], baseline: str) -> str:
     return "-"
 
 
+def graded_on(features: tuple[str, ...]) -> str:
+    """The contract a feature set names: ``base``, or ``base + window + softcap``."""
+    return " + ".join(("base", *features))
+
+
+def _contest(features: tuple[str, ...]) -> tuple[int, tuple[int, ...]]:
+    """Feature sets in table order: the base contract first, then fewer features first, in the contract's order."""
+    order = scorecard_features()
+    return len(features), tuple(order.index(f) if f in order else len(order) for f in features)
+
+
 def leaderboard(benchmark: pa.Table, correctness: pa.Table) -> str:
     """The generated ``leaderboard`` section (markdown)."""
-    verdicts = {(r["record_id"], r["candidate"]): r["candidate_passed"] for r in correctness.to_pylist()
-                if r["source"] == SUBMITTED and r["measured"] and r["row_kind"] == "check"}
+    measured = [r for r in correctness.to_pylist()
+                if r["source"] == SUBMITTED and r["measured"] and r["row_kind"] == "check"]
+    verdicts = {(r["record_id"], r["candidate"]): r["candidate_passed"] for r in measured}
+    # null: graded before features existed, so on the base contract
+    features = {r["record_id"]: tuple(r.get("features") or ()) for r in measured}
     names = {record: name for record, name in verdicts}
     rows = [r for r in benchmark.to_pylist() if r["source"] == SUBMITTED and r["implementation"] == SUBMITTED]
     if not rows:
         return NONE_YET
     rows.sort(key=lambda r: (r["interpret"], r["device_kind"], r["scope"], r["seq_len"], r["num_q_heads"],
                              r["median_ms"] if r["median_ms"] is not None else math.inf))
-    header = ["Device", "Scope", "Shape (batch, seq, q/kv heads, head_dim, dtype)", "Kernel", "Verdict",
-              "Median ms [95% CI]", "vs XLA [95% CI]", "vs flash [95% CI]", "Record"]
+    header = ["Device", "Scope", "Shape (batch, seq, q/kv heads, head_dim, dtype)", "Kernel", "Graded on",
+              "Verdict", "Median ms [95% CI]", "vs XLA [95% CI]", "vs flash [95% CI]", "Record"]
     out = []
     for interpret in (False, True):
-        table = []
-        for r in (r for r in rows if r["interpret"] == interpret):
-            name = names.get(r["record_id"], "?")
-            low, high = median_ci(r["samples_ms"] or [])
-            ci = "" if low is None else f" [{low:.4g}, {high:.4g}]"
-            table.append([r["device_kind"], r["scope"],
-                          f"{r['batch']}, {r['seq_len']}, {r['num_q_heads']}/{r['num_kv_heads']}, {r['head_dim']}, "
-                          f"{r['dtype']}", code(name), "passed" if verdicts.get((r["record_id"], name)) else "failed",
-                          f"{r['median_ms']:.4g}{ci}", _ratio(r["pairs"], "xla"), _ratio(r["pairs"], "flash"),
-                          code(r["record_id"])])
-        if not table:
-            continue
-        out.append("**Interpret mode or CPU: not kernel speed**, only that the programs run.\n\n" if interpret
-                   else "**On the device.**\n\n")
-        out.append("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
-                   + "".join("| " + " | ".join(c if isinstance(c, Markdown) else text(c) for c in row) + " |\n"
-                             for row in table) + "\n")
+        mine = [r for r in rows if r["interpret"] == interpret]
+        for contest in sorted({features.get(r["record_id"], ()) for r in mine}, key=_contest):
+            table = []
+            for r in (r for r in mine if features.get(r["record_id"], ()) == contest):
+                name = names.get(r["record_id"], "?")
+                low, high = median_ci(r["samples_ms"] or [])
+                ci = "" if low is None else f" [{low:.4g}, {high:.4g}]"
+                table.append([r["device_kind"], r["scope"],
+                              f"{r['batch']}, {r['seq_len']}, {r['num_q_heads']}/{r['num_kv_heads']}, "
+                              f"{r['head_dim']}, {r['dtype']}", code(name), graded_on(contest),
+                              "passed" if verdicts.get((r["record_id"], name)) else "failed",
+                              f"{r['median_ms']:.4g}{ci}", _ratio(r["pairs"], "xla"), _ratio(r["pairs"], "flash"),
+                              code(r["record_id"])])
+            where = ("**Interpret mode or CPU: not kernel speed**, only that the programs run" if interpret
+                     else "**On the device**")
+            what = ("the base contract only" if not contest else
+                    f"the base contract plus {', '.join(map(text, contest))} (a contest of its own)")
+            out.append(f"{where}; graded on {what}.\n\n")
+            out.append("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
+                       + "".join("| " + " | ".join(c if isinstance(c, Markdown) else text(c) for c in row) + " |\n"
+                                 for row in table) + "\n")
     return "".join(out)

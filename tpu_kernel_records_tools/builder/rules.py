@@ -6,7 +6,9 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
 * a TPU run shows every device of its slice (``expected_device_count``);
 * the measured candidate's scorecard exists and every one of its checks passed; every scorecard adds
   up as the rubric writes it (a check earns its points exactly when it passed, the score and maximum
-  are their sums, a card passes exactly when it has checks, no error, and every check passed);
+  are their sums, a card passes exactly when it has checks, no error, and every check passed); its
+  declared ``features`` are in the contract's order, each with the check of its name (unless the card
+  could not be graded), and it has no check of a feature it does not declare;
 * it was not made in the future (``created_utc`` at most ``CLOCK_SKEW`` after the build);
 * every benchmark case succeeded, with a finite, positive median; a ``measured`` case also has exactly
   ``samples_per_case`` finite, positive samples and states its whole shape;
@@ -39,7 +41,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ..records.rawio import DOCUMENTS, RunError, dumps, utc_time
+from ..records.rawio import DOCUMENTS, RunError, dumps, scorecard_features, utc_time
 from ..records.secrets import env_var_allowed
 
 from .recompute import check_measured
@@ -144,6 +146,29 @@ def _check_scorecard(i: int, card: dict[str, Any]) -> None:
     if card["passed"] != passed:
         raise RunError("scorecard", "correctness.json", f"{where}/passed",
                        f"{card['passed']!r}, but it follows as {passed!r} from its error and checks")
+    _check_features(where, card)
+
+
+def _check_features(where: str, card: dict[str, Any]) -> None:
+    """A scorecard's declared features (absent: graded before features existed, the base contract only)
+    are in the contract's order, and its feature checks are exactly those features' (one check named
+    after each declared feature, none for another; a card that could not be graded may lack them)."""
+    names = scorecard_features()
+    declared = card.get("features") or []
+    if declared != [f for f in names if f in declared]:
+        raise RunError("scorecard", "correctness.json", f"{where}/features",
+                       f"{declared!r} is not in the contract's order ({', '.join(names)})")
+    graded = set()
+    for j, check in enumerate(card["checks"]):
+        if check["name"] in names and check["name"] not in declared:
+            raise RunError("scorecard", "correctness.json", f"{where}/checks/{j}/name",
+                           f"a check of feature {check['name']!r}, which the scorecard does not declare "
+                           f"(features: {declared!r})")
+        graded.add(check["name"])
+    missing = [f for f in declared if f not in graded]
+    if missing and not card.get("error"):
+        raise RunError("scorecard", "correctness.json", f"{where}/features",
+                       f"declares feature {missing[0]!r} but has no check of that name: it was not graded on it")
 
 
 def _check_correctness(correctness: dict[str, Any]) -> None:

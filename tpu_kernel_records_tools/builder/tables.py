@@ -129,7 +129,9 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
                      "score": card["score"], "max_score": card["max_score"], "candidate_error": card.get("error"),
                      # where its worker ran (grading.isolation); null in runs graded before it was recorded
                      "isolation": card.get("isolation"), "memory_limit": card.get("memory_limit"),
-                     "programs": card.get("programs")}
+                     # declared features graded on top of the base contract ([]: base only); null in runs
+                     # graded before features existed
+                     "features": card.get("features"), "programs": card.get("programs")}
         checks = [{"check": c["name"], "passed": c["passed"], "points": c["points"], "max_points": c["max_points"],
                    "detail": c["detail"], "error": c.get("error"), "tolerance": c.get("tolerance"),
                    "baseline_error": c.get("baseline_error")} for c in card["checks"]]
@@ -143,8 +145,8 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
                 **base, **empty_check, "row_kind": "power", "candidate": entry["candidate"],
                 "kind": entry.get("kind"), "measured": entry["candidate"] == doc["measured_candidate"],
                 "candidate_passed": None, "score": None, "max_score": None, "candidate_error": None,
-                "isolation": None, "memory_limit": None, "programs": None, "trials": entry.get("trials"),
-                "rejected": entry.get("rejected"),
+                "isolation": None, "memory_limit": None, "features": None, "programs": None,
+                "trials": entry.get("trials"), "rejected": entry.get("rejected"),
                 "rejected_by": [{"check": name, "count": by[name]} for name in sorted(by)],
                 "expected": entry.get("expected"), "intended_checks": entry.get("intended_checks"),
                 "rejected_by_intended": entry.get("rejected_by_intended"),

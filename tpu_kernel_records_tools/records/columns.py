@@ -7,6 +7,8 @@ build. ``—`` is "no unit" or "never null". Struct and list columns describe th
 
 from __future__ import annotations
 
+from .rawio import scorecard_features
+
 NEVER = "never"
 NOT_SUBMITTED = "not a submitted kernel's record"
 
@@ -105,6 +107,7 @@ BENCHMARK = {
 }
 
 _CHECK = "a grader-power row (`row_kind = power`)"
+_FEATURE_NAMES = ", ".join(f"`{name}`" for name in scorecard_features())
 _POWER = "a check row (`row_kind = check`)"
 CORRECTNESS = {
     **_RECORD,
@@ -125,6 +128,10 @@ CORRECTNESS = {
                           "counting memfds, tmpfs files and pipes too), `address-space` (an address-space limit "
                           "alone, where no cgroup could be made) or `none`", f"{_CHECK}, or a run graded before it "
                                                                              "was recorded"),
+    "features": ("—", "the contract features the candidate declared and was graded on, on top of the base "
+                      f"contract, in the contract's order ({_FEATURE_NAMES}), each by the check of its name; `[]`: "
+                      "the base contract only", f"{_CHECK}, or a run graded before features existed (those "
+                                                 "graded the base contract only)"),
     "programs": ("—", "sha256 of every exported program the grade could call", NOT_SUBMITTED),
     "check": ("—", "the check's name (e.g. `causal-leak`, `gradients`)", f"{_CHECK}, or a candidate that could "
                                                                           "not be loaded"),

@@ -68,6 +68,12 @@ def load_schema(name: str) -> dict:
     return json.loads(text)
 
 
+def scorecard_features() -> tuple[str, ...]:
+    """The features a scorecard may declare (``features``), in the contract's order: the correctness
+    schema's enum, which a test keeps equal to ``kernel_src.contract.FEATURES`` (the records need no JAX)."""
+    return tuple(load_schema("correctness")["$defs"]["scorecard"]["properties"]["features"]["items"]["enum"])
+
+
 def validate(name: str, document: Any, file: str | None = None) -> None:
     """Raise ``RunError`` unless ``document`` matches schema ``name``."""
     validator = jsonschema.Draft202012Validator(load_schema(name), format_checker=FORMAT_CHECKER)

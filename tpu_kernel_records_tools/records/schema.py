@@ -90,7 +90,8 @@ FEATURES: dict[str, pa.Schema] = {
     "correctness": _schema(
         **_RECORD, seed=_int, row_kind=_str,
         candidate=_str, kind=_str, measured=_bool, candidate_passed=_bool, score=_float,
-        max_score=_float, candidate_error=_str, isolation=_str, memory_limit=_str, programs=_list(_str),
+        max_score=_float, candidate_error=_str, isolation=_str, memory_limit=_str, features=_list(_str),
+        programs=_list(_str),
         check=_str, passed=_bool, points=_float, max_points=_float, detail=_str,
         error=_float, tolerance=_float, baseline_error=_float,
         trials=_int, rejected=_int, rejected_by=_list(_struct(check=_str, count=_int)),
