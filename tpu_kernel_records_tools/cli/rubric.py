@@ -139,8 +139,9 @@ def write_atomic(path: Path, text: str) -> None:
 def format_scorecard(card) -> str:
     """A readable scorecard: a header line, then one line per check (check, PASS/FAIL, points, detail)."""
     status = "PASSED" if card.passed else "FAILED"
+    features = ", ".join(card.features) or "none declared"
     lines = [f"{card.candidate} [{card.kind}] {status} {card.score:g}/{card.max_score:g} "
-             f"(isolation: {card.isolation})"]
+             f"(isolation: {card.isolation}; features: {features})"]
     if card.error:
         lines.append(f"  could not be graded: {card.error}")
     width = max((len(c.name) for c in card.checks), default=0)

@@ -1,0 +1,215 @@
+"""Declared features (issue 34): the contract's validation, the declaration's path from a candidate's
+function through its sandboxed worker to the scorecard, and the probes the features' slots promise
+(``grading.slots.draw_feature_slots``'s table), for seeds 0-2 at the full level."""
+
+from __future__ import annotations
+
+import textwrap
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.feature_checks import FEATURE_CHECKS, feature_problem
+from tpu_kernel_records_tools.grading.rubric import checks_for
+from tpu_kernel_records_tools.grading.runner import Runner
+from tpu_kernel_records_tools.grading.slots import draw_feature_slots
+from kernel_src import contract
+from kernel_src.reference import reference_attention
+
+SEEDS = (0, 1, 2)
+
+
+# -- the contract ---------------------------------------------------------------------------------
+
+def test_features_are_declared_once_and_named_alike_everywhere():
+    assert contract.FEATURES == ("window", "softcap", "segments", "sinks")
+    assert tuple(FEATURE_CHECKS) == contract.FEATURES
+    assert [c.name for c in checks_for(())] == [c.name for c in C.CHECKS]
+    assert [c.name for c in checks_for(("window", "sinks"))][-2:] == ["window", "sinks"]
+    assert contract.declared_features(reference_attention) == contract.FEATURES
+
+
+@pytest.mark.parametrize("given, error", [
+    ((-1, 0), "no -1 sentinel"), ((0, -1), "no -1 sentinel"), ((1.5, 0), "int >= 0 or None"),
+    ((True, 0), "int >= 0 or None"), (5, "a pair"), ((1, 2, 3), "a pair")])
+def test_window_size_is_a_pair_of_non_negative_ints_or_none(given, error):
+    with pytest.raises(ValueError, match=error):
+        contract.check_window(given)
+
+
+def test_windows_that_are_allowed():
+    assert contract.check_window(None) is None
+    assert contract.check_window((None, 0)) == (None, 0)
+    assert contract.check_window((np.int32(4095), 0)) == (4095, 0)
+
+
+def test_declarations_are_validated_and_put_in_canonical_order():
+    @contract.supports("sinks", "window")
+    def kernel(q, k, v, **_):
+        return q
+    assert kernel.features == ("window", "sinks")
+    with pytest.raises(ValueError, match="unknown feature 'alibi'"):
+        contract.supports("alibi")
+    kernel.features = "window"  # a string, not a tuple of names
+    with pytest.raises(ValueError, match="a tuple of names"):
+        contract.declared_features(kernel)
+    kernel.features = None
+    assert contract.declared_features(kernel) == ()
+
+
+def _qkv(b=2, lq=3, lk=5, hq=4, hk=2, d=8):
+    rng = np.random.default_rng(0)
+    return tuple(jnp.asarray(rng.standard_normal(s), jnp.float32) for s in ((b, lq, hq, d), (b, lk, hk, d), (b, lk, hk, d)))
+
+
+@pytest.mark.parametrize("kwargs, error", [
+    ({"q_segment_ids": jnp.zeros((2, 3), jnp.int32)}, "both or neither"),
+    ({"q_segment_ids": jnp.zeros((2, 3), jnp.int32), "kv_segment_ids": jnp.zeros((2, 4), jnp.int32)},
+     r"kv_segment_ids must have shape \[batch, len\]=\(2, 5\)"),
+    ({"q_segment_ids": jnp.zeros((2, 3)), "kv_segment_ids": jnp.zeros((2, 5), jnp.int32)}, "integer"),
+    ({"sinks": jnp.zeros(2)}, r"sinks must have shape \[num_q_heads\]=\(4,\)"),
+    ({"sinks": jnp.zeros(4, jnp.int32)}, "float"),
+    ({"softcap": 0.0}, "softcap must be a finite float > 0"),
+    ({"softcap": float("inf")}, "softcap must be a finite float > 0"),
+    ({"window_size": (-1, -1)}, "no -1 sentinel"),
+])
+def test_the_reference_refuses_malformed_feature_arguments_with_one_line(kwargs, error):
+    q, k, v = _qkv()
+    with pytest.raises((ValueError, TypeError), match=error):
+        reference_attention(q, k, v, **kwargs)
+
+
+# -- the declaration's path through the sandbox -----------------------------------------------------
+
+CANDIDATE = '''
+from kernel_src.reference import reference_attention
+
+def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None, sinks=None):
+    return reference_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale, sinks=sinks)
+
+attention.features = {features}
+'''
+
+
+def _runner(tmp_path, features: str) -> Runner:
+    path = tmp_path / "kernel.py"
+    path.write_text(textwrap.dedent(CANDIDATE.format(features=features)))
+    return Runner(f"{path}:attention", time_limit_s=120, isolation="process")
+
+
+def test_a_declared_feature_reaches_the_worker_and_its_arguments_reach_the_candidate(tmp_path):
+    runner = _runner(tmp_path, '("sinks",)')
+    try:
+        assert runner.start() is None
+        assert runner.features == ("sinks",)
+        ctx = C.Context(runner, 0, level="quick")
+        p = feature_problem(ctx, np.random.default_rng(0), "sinks/random")
+        out, dq, dk, dv, dsinks = runner.vjp(p)
+        assert dsinks.shape == p.sinks.shape and np.any(dsinks != 0)
+        assert np.allclose(dsinks, p.truth.dsinks, rtol=1e-4, atol=1e-5)
+        assert np.allclose(out, p.truth.out, rtol=1e-4, atol=1e-5)
+        plain = C.normal(np.random.default_rng(1), "A", "float32", causal=True)
+        runner.forward(plain)  # a base problem: no feature argument is passed (the signature has no window)
+    finally:
+        runner.close()
+
+
+@pytest.mark.parametrize("features, error", [('("alibi",)', "unknown feature 'alibi'"),
+                                             ('"sinks"', "a tuple of names")])
+def test_a_malformed_declaration_is_a_load_error(tmp_path, features, error):
+    runner = _runner(tmp_path, features)
+    try:
+        down = runner.start()
+        assert down is not None and error in down and "declared features" in down
+    finally:
+        runner.close()
+
+
+# -- the probes the slots promise ------------------------------------------------------------------
+
+def _problems(seed: int) -> dict:
+    ctx = C.Context(None, seed, level="full")
+    return {name: feature_problem(ctx, np.random.default_rng([seed, n]), name)
+            for n, name in enumerate(draw_feature_slots(seed, "full"))}
+
+
+def _logits(p) -> np.ndarray:
+    """Uncapped ``scale * q.k``, ``[b, hq, q, k]``."""
+    group = p.group
+    k = np.repeat(p.host("k"), group, axis=2)
+    scale = p.q.shape[-1] ** -0.5 if p.scale is None else p.scale
+    return np.einsum("bqhd,bkhd->bhqk", p.host("q").astype(np.float64), k.astype(np.float64)) * scale
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_window_slots_probe_what_the_issue_lists(seed):
+    ps = _problems(seed)
+    train, wide = ps["window/train"], ps["window/wide"]
+    assert (train.window, wide.window) == ((127, 0), (128, 0)) and train.q.shape == wide.q.shape
+    assert train.k.shape[1] > 3 * 128 and train.causal and train.ct is not None
+    chunk, decode = ps["window/chunk"], ps["window/decode"]
+    assert chunk.window == (1023, 0) and chunk.k.shape[1] > 3 * 1024 and 1 < chunk.q.shape[1] < 1023
+    assert decode.window == (4095, 0) and decode.q.shape[1] == 1 and decode.k.shape[1] > 3 * 4096
+    seen = decode.truth.visible.any(axis=2)[:, 0]
+    assert seen.any() and not seen.all() and decode.lengths is not None  # rows with and without keys
+    assert ps["window/short"].k.shape[1] < ps["window/short"].window[0] + 1
+    assert ps["window/all"].window[0] >= ps["window/all"].k.shape[1] - 1 and ps["window/all"].causal
+    assert ps["window/self"].window == (0, 0) and not ps["window/self"].causal
+    odd = ps["window/odd"]
+    assert all(side % 128 for side in odd.window) and not odd.causal
+    hidden = ~odd.truth.visible.any(axis=1)[0]
+    assert hidden[:128].all()  # a whole leading key block of every tile size up to 128 is masked for every row
+    ahead = ps["window/ahead"]
+    assert ahead.q.shape[1] > ahead.k.shape[1] and (~ahead.truth.visible.any(axis=2)).any()
+    readout = ps["window/readout"]
+    assert readout.k.shape[1] <= readout.q.shape[-1] and readout.lengths is not None and readout.window[0] > 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_softcap_slots_put_logits_far_past_the_cap(seed):
+    ps = _problems(seed)
+    for name, cap in (("softcap/cap5", 5.0), ("softcap/cap50", 50.0), ("softcap/d256", 50.0)):
+        p = ps[name]
+        assert p.softcap == cap
+        assert np.max(np.abs(_logits(p))) > 2 * cap, name
+    assert ps["softcap/cap50"].scale == pytest.approx(144 ** -0.5) and ps["softcap/cap50"].dtype == "bfloat16"
+    assert ps["softcap/cap5"].lengths is not None and ps["softcap/cap5"].causal  # cap with masking
+    assert ps["softcap/huge"].softcap >= 1e30
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_segment_slots_probe_what_the_issue_lists(seed):
+    ps = _problems(seed)
+    packed = ps["segments/packed"]
+    for ids in packed.kv_segments:
+        sizes = np.bincount(ids)
+        assert 4 <= len(sizes) <= 16 and sizes.min() == 1  # one single-key document
+        starts = np.flatnonzero(np.diff(ids)) + 1
+        assert any(s % 128 for s in starts)
+    repeat = ps["segments/repeat"]
+    runs = [int(x) for x, n in zip(repeat.kv_segments[0], np.r_[1, np.diff(repeat.kv_segments[0])]) if n]
+    assert len(runs) > len(set(runs))  # an id that comes back (A B A)
+    cross = ps["segments/cross"]
+    assert cross.q.shape[1] != cross.k.shape[1]
+    assert not np.isin(cross.q_segments, cross.kv_segments).all()  # a query id that no key has
+    assert (~cross.truth.visible.any(axis=2)).any()
+    equal = ps["segments/equal"]
+    assert len(np.unique(equal.q_segments)) == 1 and np.array_equal(np.unique(equal.q_segments),
+                                                                    np.unique(equal.kv_segments))
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_sink_slots_probe_what_the_issue_lists(seed):
+    ps = _problems(seed)
+    random = ps["sinks/random"]
+    groups = random.sinks.reshape(random.k.shape[2], -1)
+    assert all(len(np.unique(g)) == len(g) for g in groups) and random.ct is not None and random.dtype == "float32"
+    high = ps["sinks/high"]
+    top = np.abs(_logits(high)).max(axis=(0, 2, 3))
+    assert np.all(high.sinks > top + 30)
+    assert (~high.truth.visible.any(axis=2)).any()  # a fully masked row with a sink
+    low = ps["sinks/low"]
+    assert np.all(low.sinks < -np.abs(_logits(low)).max() - 30)
+    assert np.all(ps["sinks/off"].sinks <= -1e30)
