@@ -182,3 +182,36 @@ def test_a_timed_case_whose_output_check_failed_or_names_no_timed_call_is_refuse
     case["roofline_floor_ms"] = 0.5  # a CPU has no floor: a recorded one does not follow from the work
     with pytest.raises(RunError, match=r"\[derived\].*roofline_floor_ms"):
         check(case, programs)
+
+
+def test_a_base_signature_keeps_the_key_it_had_before_features_existed():
+    """Older runs' programs are found by these keys: a base call's key must not gain feature fields."""
+    assert SIG.key == ('{"causal": true, "dtype": "float32", "has_lengths": true, "k": [1, 8, 1, 8], "q": [1, 8, 2, 8], '
+                       '"scale": null, "v": [1, 8, 1, 8]}')
+    assert Signature.from_dict(SIG.to_dict()) == SIG
+
+
+def test_a_feature_call_is_exported_and_dispatched_with_its_arguments(tmp_path):
+    from kernel_src.reference import reference_attention
+
+    q, k, v, lengths = _inputs(1)
+    seg_q, seg_kv = np.array([[0, 0, 1, 1, 1, 0, 0, 1]], np.int32), np.array([[0, 1, 1, 0, 0, 1, 1, 0]], np.int32)
+    sinks = np.array([0.5, -1.0], np.float32)
+    kw = dict(window_size=(2, None), softcap=3.0, q_segment_ids=seg_q, kv_segment_ids=seg_kv)
+    sig = Signature.of_call(q, k, v, causal=True, kv_lengths=lengths, sinks=sinks, **kw)
+    assert Signature.from_dict(sig.to_dict()) == sig and sig.key != SIG.key
+    assert "window_size=(2, None)" in sig.describe() and "sinks" in sig.describe()
+    data = _export(reference_attention, sig)
+    (tmp_path / program_path(sha256(data))).parent.mkdir()
+    (tmp_path / program_path(sha256(data))).write_bytes(data)
+    program = ProgramAttention(str(tmp_path), {sig.key: sha256(data)}, "cpu", ("window", "softcap", "segments", "sinks"))
+    got = program(q, k, v, causal=True, kv_lengths=lengths, sinks=sinks, **kw)
+    want = reference_attention(q, k, v, causal=True, kv_lengths=lengths, sinks=sinks, **kw)
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
+    dsinks = jax.grad(lambda s: program(q, k, v, causal=True, kv_lengths=lengths, sinks=s, **kw).sum())(sinks)
+    dsinks_want = jax.grad(lambda s: reference_attention(q, k, v, causal=True, kv_lengths=lengths, sinks=s, **kw).sum())(sinks)
+    np.testing.assert_allclose(np.asarray(dsinks), np.asarray(dsinks_want), rtol=1e-5, atol=1e-6)
+    import pickle
+    assert pickle.loads(pickle.dumps(program)).features == program.features
+    with pytest.raises(ProgramRefused, match="no exported program"):
+        program(q, k, v, causal=True, kv_lengths=lengths, sinks=sinks, **{**kw, "softcap": 4.0})

@@ -170,3 +170,23 @@ def test_the_check_entropy_is_recorded_and_decides_the_checked_calls(honest, tmp
 
 def test_a_pallas_submission_in_interpret_mode_becomes_a_record(tmp_path):
     accept(measure(tmp_path, "pallas_interpret.py", "pallas-interpret"))
+
+
+def test_a_submission_that_declares_features_is_graded_and_recorded_with_them(tmp_path):
+    """Issue 34: the declared features are graded by their checks, recorded on the scorecard and in the
+    correctness config, and the leaderboard ranks the row among kernels graded on the same features."""
+    from tpu_kernel_records_tools.builder.build import build
+    import pyarrow.parquet as pq
+
+    run_dir = measure(tmp_path, "windowed.py", "windowed")
+    acc = accept(run_dir)
+    card = acc.run["correctness"]["scorecards"][0]
+    assert card["passed"] and card["features"] == ["window", "softcap"]
+    assert {"window", "softcap"} <= {c["name"] for c in card["checks"] if c["passed"]}
+    assert not {"segments", "sinks"} & {c["name"] for c in card["checks"]}
+    data, card_path = tmp_path / "data", tmp_path / "card.md"
+    shutil.copy(Path(__file__).parents[1] / "dataset_card.md", card_path)
+    build([run_dir], data_dir=data, card_path=card_path, allow_interpret=True)
+    rows = [r for r in pq.read_table(data / "correctness").to_pylist() if r["candidate"] == "windowed"]
+    assert rows and all(r["features"] == ["window", "softcap"] for r in rows)
+    assert "base + window + softcap" in card_path.read_text()

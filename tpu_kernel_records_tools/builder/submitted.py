@@ -6,6 +6,7 @@ samples), a submitted run is a record only if:
 * ``program-file``: every program listed is a file of the run at ``programs/<sha256>.jaxexport`` whose
   bytes have that sha256 (a program replaced after the run, manifest and all, is refused);
 * ``graded-programs``: the scorecard names the programs it graded, all of them listed for grading;
+* ``graded-features``: the scorecard was graded on exactly the features the submission declared;
 * ``graded-level``: under a TPU or GPU profile the scorecard is the rubric's full level (``--level
   quick`` is for trying a submission on a CPU, whose rows are labelled apart as not kernel speed);
 * ``timed-not-graded``: every timed case's program is one of the graded programs (the same bytes) and
@@ -88,6 +89,10 @@ def _graded(run: dict[str, Any], programs: dict[str, dict[str, Any]]) -> set[str
             if not graded:
                 _fail("graded-programs", "correctness.json", f"scorecards/{i}/programs",
                       "the scorecard names no program it graded")
+            declared = run["correctness"]["submission"].get("features", [])
+            if card.get("features", []) != declared:
+                _fail("graded-features", "correctness.json", f"scorecards/{i}/features",
+                      f"graded on features {card.get('features', [])!r}, but the submission declared {declared!r}")
             return set(graded)
     _fail("correctness", "correctness.json", "measured_candidate", f"no scorecard for {name!r}")
 

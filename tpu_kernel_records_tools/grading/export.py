@@ -2,7 +2,8 @@
 
 A submitter's Python runs in one place only: a sandboxed worker (``grading.sandbox``, bubblewrap for a
 file or module, as the rubric's ``auto``), which loads the candidate and, per call :class:`Signature`,
-exports ``jax.jit(lambda q, k, v[, lengths]: fn(q, k, v, causal=.., kv_lengths=.., scale=..))`` with
+exports ``jax.jit(lambda q, k, v[, lengths][, segment ids][, sinks]: fn(q, k, v, causal=.., kv_lengths=..,
+scale=..[, the features it uses]))`` with
 ``jax.export`` for the target platform, from ``jax.ShapeDtypeStruct``s only (it never sees a value or
 the seed), and answers with ``Exported.serialize(vjp_order=1)``: the forward and its VJP, so the
 program supports ``jax.grad``/``jax.vjp``. Its failures, hangs and exits become one-line errors.
@@ -55,38 +56,77 @@ class Signature:
     causal: bool
     has_lengths: bool
     scale: float | None
+    window: tuple | None = None      # the features (kernel_src.contract): static window_size and softcap,
+    softcap: float | None = None     # and whether segment ids and sinks are arguments
+    segments: bool = False
+    sinks: bool = False
 
     @classmethod
-    def of_call(cls, q, k, v, *, causal=False, kv_lengths=None, scale=None) -> "Signature":
+    def of_call(cls, q, k, v, *, causal=False, kv_lengths=None, scale=None, window_size=None, softcap=None,
+                q_segment_ids=None, kv_segment_ids=None, sinks=None) -> "Signature":
         dtypes = {str(np.dtype(x.dtype)) for x in (q, k, v)}
         if len(dtypes) != 1:
             raise ProgramRefused(f"q, k and v have different dtypes {sorted(dtypes)}")
         return cls(tuple(map(int, q.shape)), tuple(map(int, k.shape)), tuple(map(int, v.shape)), dtypes.pop(),
-                   bool(causal), kv_lengths is not None, None if scale is None else float(scale))
+                   bool(causal), kv_lengths is not None, None if scale is None else float(scale),
+                   None if window_size is None else tuple(None if x is None else int(x) for x in window_size),
+                   None if softcap is None else float(softcap), q_segment_ids is not None, sinks is not None)
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "Signature":
+        window = d.get("window")
         return cls(tuple(d["q"]), tuple(d["k"]), tuple(d["v"]), str(d["dtype"]), bool(d["causal"]),
-                   bool(d["has_lengths"]), None if d["scale"] is None else float(d["scale"]))
+                   bool(d["has_lengths"]), None if d["scale"] is None else float(d["scale"]),
+                   None if window is None else tuple(None if x is None else int(x) for x in window),
+                   None if d.get("softcap") is None else float(d["softcap"]), bool(d.get("segments", False)),
+                   bool(d.get("sinks", False)))
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "q": list(self.q), "k": list(self.k), "v": list(self.v)}
+        """The base fields always; a feature's field only when the call uses it (so a base call's key is
+        what it was before features existed, and older runs' programs keep their keys)."""
+        d = {**asdict(self), "q": list(self.q), "k": list(self.k), "v": list(self.v)}
+        d["window"] = None if self.window is None else list(self.window)
+        for name, unset in (("window", None), ("softcap", None), ("segments", False), ("sinks", False)):
+            if d[name] == unset:
+                del d[name]
+        return d
 
     @property
     def key(self) -> str:
         return json.dumps(self.to_dict(), sort_keys=True)
 
     def abstract_args(self) -> tuple:
+        """``q, k, v[, kv_lengths][, q_segment_ids, kv_segment_ids][, sinks]`` as shape-dtype structs."""
         import jax
         import jax.numpy as jnp
 
         dtype = jnp.dtype(self.dtype)
         args = tuple(jax.ShapeDtypeStruct(s, dtype) for s in (self.q, self.k, self.v))
-        return args + ((jax.ShapeDtypeStruct((self.q[0],), jnp.int32),) if self.has_lengths else ())
+        args += (jax.ShapeDtypeStruct((self.q[0],), jnp.int32),) if self.has_lengths else ()
+        if self.segments:
+            args += (jax.ShapeDtypeStruct(self.q[:2], jnp.int32), jax.ShapeDtypeStruct(self.k[:2], jnp.int32))
+        return args + ((jax.ShapeDtypeStruct((self.q[2],), jnp.float32),) if self.sinks else ())
+
+    def feature_kwargs(self, extra: tuple) -> dict[str, Any]:
+        """The feature keyword arguments of a call, ``extra`` being the arrays after q, k, v[, kv_lengths]."""
+        kw: dict[str, Any] = {}
+        if self.window is not None:
+            kw["window_size"] = self.window
+        if self.softcap is not None:
+            kw["softcap"] = self.softcap
+        extra = list(extra)
+        if self.segments:
+            kw["q_segment_ids"], kw["kv_segment_ids"] = extra.pop(0), extra.pop(0)
+        if self.sinks:
+            kw["sinks"] = extra.pop(0)
+        return kw
 
     def describe(self) -> str:
+        more = "".join(f" {n}={x}" for n, x in (("window_size", self.window), ("softcap", self.softcap))
+                       if x is not None)
+        more += " segment ids" * self.segments + " sinks" * self.sinks
         return (f"q{list(self.q)} k{list(self.k)} {self.dtype} causal={self.causal} "
-                f"kv_lengths={'yes' if self.has_lengths else 'no'} scale={self.scale}")
+                f"kv_lengths={'yes' if self.has_lengths else 'no'} scale={self.scale}{more}")
 
 
 def sha256(data: bytes) -> str:
@@ -105,12 +145,10 @@ def export_programs(fn, signatures: list[dict], platform: str) -> tuple[dict, li
     for raw in signatures:
         sig = Signature.from_dict(raw)
         kwargs = {"causal": sig.causal, "scale": sig.scale}
-        if sig.has_lengths:
-            def call(q, k, v, lengths, kwargs=kwargs):
-                return fn(q, k, v, kv_lengths=lengths, **kwargs)
-        else:
-            def call(q, k, v, kwargs=kwargs):
-                return fn(q, k, v, kv_lengths=None, **kwargs)
+
+        def call(q, k, v, *extra, sig=sig, kwargs=kwargs):
+            lengths, extra = (extra[0], extra[1:]) if sig.has_lengths else (None, extra)
+            return fn(q, k, v, kv_lengths=lengths, **kwargs, **sig.feature_kwargs(extra))
         try:
             exported = jax.export.export(jax.jit(call), platforms=(platform,))(*sig.abstract_args())
             data = exported.serialize(vjp_order=1)
@@ -172,16 +210,17 @@ class ProgramAttention:
     and checks each program on first use and dispatches each call by its :class:`Signature`. A call
     with no program is an error: it fails the rubric's check that made it."""
 
-    def __init__(self, folder: str, table: dict[str, str], platform: str):
+    def __init__(self, folder: str, table: dict[str, str], platform: str, features: tuple[str, ...] = ()):
         self.folder, self.table, self.platform = str(folder), dict(table), platform
+        self.features = tuple(features)  # what the submission declared (the rubric grades these too)
         self._loaded: dict[str, Any] = {}
         self.used: set[str] = set()
 
     def __getstate__(self):
-        return {"folder": self.folder, "table": self.table, "platform": self.platform}
+        return {"folder": self.folder, "table": self.table, "platform": self.platform, "features": self.features}
 
     def __setstate__(self, state):
-        self.__init__(state["folder"], state["table"], state["platform"])
+        self.__init__(state["folder"], state["table"], state["platform"], state.get("features", ()))
 
     def program(self, sig: Signature):
         digest = self.table.get(sig.key)
@@ -195,12 +234,19 @@ class ProgramAttention:
         self.used.add(digest)
         return self._loaded[digest]
 
-    def __call__(self, q, k, v, *, causal=False, kv_lengths=None, scale=None):
+    def __call__(self, q, k, v, *, causal=False, kv_lengths=None, scale=None, window_size=None, softcap=None,
+                 q_segment_ids=None, kv_segment_ids=None, sinks=None):
         import jax.numpy as jnp
 
-        sig = Signature.of_call(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
+        sig = Signature.of_call(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale, window_size=window_size,
+                                softcap=softcap, q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                                sinks=sinks)
         exported = self.program(sig)
         args = (q, k, v) + ((jnp.asarray(kv_lengths, jnp.int32),) if sig.has_lengths else ())
+        if sig.segments:
+            args += (jnp.asarray(q_segment_ids, jnp.int32), jnp.asarray(kv_segment_ids, jnp.int32))
+        if sig.sinks:
+            args += (jnp.asarray(sinks, jnp.float32),)
         return exported.call(*args)
 
 

@@ -4,7 +4,7 @@ programs; its failures, hangs and exits become one-line ``ProgramRefused`` error
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
@@ -17,6 +17,17 @@ def export_candidate(spec: str, signatures: Iterable[Signature], *, platform: st
     files) at every signature in a sandboxed worker, under the default memory limit (its cgroup where
     one can be had, ``grading.memcg``); returns signature key -> serialized program. Raises
     :class:`ProgramRefused` with one line."""
+    sigs = list(signatures)
+    return export_declared(spec, lambda _features: sigs, platform=platform, isolation=isolation,
+                           time_limit_s=time_limit_s, root=root)[1]
+
+
+def export_declared(spec: str, signatures_for: Callable[[tuple[str, ...]], Iterable[Signature]], *, platform: str,
+                    isolation: str = "auto", time_limit_s: float = EXPORT_LIMIT_S,
+                    root: str | None = None) -> tuple[tuple[str, ...], dict[str, bytes]]:
+    """``export_candidate`` at the signatures ``signatures_for(features)`` gives for the features the
+    loaded candidate declares (``kernel_src.contract.declared_features``, read in its worker); returns
+    ``(features, programs by signature key)``."""
     from ..grading import isolation as isolations
     from ..grading.candidates import BUILTIN, CandidateSpecError, resolve
     from ..grading.runner import Runner
@@ -33,12 +44,12 @@ def export_candidate(spec: str, signatures: Iterable[Signature], *, platform: st
         where = isolations.choose(isolation, cand)
     except isolations.IsolationUnavailable as e:
         raise ProgramRefused(str(e)) from None
-    sigs = list(dict.fromkeys(signatures))
     runner = Runner(cand, time_limit_s=time_limit_s, isolation=where)
     try:
         error = runner.start()
         if error is not None:
             raise ProgramRefused(f"the candidate could not be loaded for export: {error}")
+        sigs = list(dict.fromkeys(signatures_for(runner.features)))
         try:
             reply, arrays = runner.sandbox.request(
                 {"op": "export", "platform": platform, "signatures": [s.to_dict() for s in sigs]},
@@ -54,6 +65,6 @@ def export_candidate(spec: str, signatures: Iterable[Signature], *, platform: st
             raise ProgramRefused(_one_line(str(reply.get("error", "the export failed"))))
         if len(arrays) != len(sigs) or any(a.dtype != np.uint8 or a.ndim != 1 for a in arrays):
             raise ProgramRefused(f"the exporter returned {len(arrays)} programs for {len(sigs)} signatures")
-        return {sig.key: a.tobytes() for sig, a in zip(sigs, arrays)}
+        return runner.features, {sig.key: a.tobytes() for sig, a in zip(sigs, arrays)}
     finally:
         runner.close()

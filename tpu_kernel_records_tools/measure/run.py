@@ -236,7 +236,7 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
             spec, profile=prof, seed=seed, level=level, platform=platform, isolation=isolation, folder=Path(folder),
             candidate_dir=candidate_dir)
         card = submission.grade_programs(name, Path(folder), digests, grading, seed=seed, level=level,
-                                         platform=platform)
+                                         platform=platform, features=tuple(entry.get("features", ())))
         entropy = timed_checks.draw_entropy()  # after the export: no program can know it
         card = submission.grade_timed_shapes(card, templates, programs, digests, entropy=entropy)
         files = {e["path"]: (Path(folder) / e["path"]).read_bytes() for e in entry["programs"]}

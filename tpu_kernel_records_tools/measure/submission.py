@@ -33,7 +33,7 @@ from ..bench.benchmark import BenchmarkResult, run_benchmark
 from ..bench.cases import MODEL_SCOPES, Case, Profile
 from ..bench.submitted import roofline_floor_ms, time_program
 from ..grading.export import ProgramAttention, ProgramRefused, Signature, load_program, program_path
-from ..grading.exporter import export_candidate
+from ..grading.exporter import export_declared
 from .timed_checks import check_output, check_rng
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,63}$")
@@ -77,18 +77,25 @@ class _Recorder:
 
     def vjp(self, p):
         self._note(p)
-        out, pull = jax.vjp(lambda q, k, v: self.fn(q, k, v, **p.kwargs), p.q, p.k, p.v)
-        self.returned += 4
-        return tuple(np.asarray(x) for x in (out, *pull(p.ct.astype(out.dtype))))
+        kwargs = {n: x for n, x in p.kwargs.items() if n != "sinks"}
+        if p.sinks is None:
+            out, pull = jax.vjp(lambda q, k, v: self.fn(q, k, v, **kwargs), p.q, p.k, p.v)
+        else:
+            out, pull = jax.vjp(lambda q, k, v, s: self.fn(q, k, v, **kwargs, sinks=s), p.q, p.k, p.v, p.sinks)
+        result = tuple(np.asarray(x) for x in (out, *pull(p.ct.astype(out.dtype))))
+        self.returned += len(result)
+        return result
 
 
-def grading_signatures(seed: int, level: str) -> list[Signature]:
-    """Every call signature the rubric makes at ``seed`` and ``level`` on a correct kernel."""
+def grading_signatures(seed: int, level: str, features: tuple[str, ...] = ()) -> list[Signature]:
+    """Every call signature the rubric makes at ``seed`` and ``level`` on a correct kernel that declares
+    ``features``."""
     from ..grading import checks as C
+    from ..grading.rubric import checks_for
 
     recorder = _Recorder()
     ctx = C.Context(recorder, seed, level=level)
-    for spec in C.CHECKS:
+    for spec in checks_for(features):
         recorder.check = spec.name
         try:
             spec.run(ctx)
@@ -222,14 +229,20 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
     from ..grading.candidates import resolve
 
     templates = templates_for(profile, bench_scopes(profile), seed, platform)
-    grading = grading_signatures(seed, level)
     bench_sigs = {case_signature(c).key: c for c in templates}
-    wanted = list(dict.fromkeys([*grading, *(case_signature(c) for c in templates)]))
+    asked: dict[str, list[Signature]] = {}
+
+    def wanted_for(features: tuple[str, ...]) -> list[Signature]:  # once the worker says what it declares
+        asked["grading"] = grading_signatures(seed, level, features)
+        asked["wanted"] = list(dict.fromkeys([*asked["grading"], *(case_signature(c) for c in templates)]))
+        return asked["wanted"]
+
     try:
         where = isolations.choose(isolation, resolve(spec, root=candidate_dir))
     except (isolations.IsolationUnavailable, ValueError) as e:
         raise ProgramRefused(str(e)) from None
-    raw = export_candidate(spec, wanted, platform=platform, isolation=where, root=candidate_dir)
+    features, raw = export_declared(spec, wanted_for, platform=platform, isolation=where, root=candidate_dir)
+    grading, wanted = asked["grading"], asked["wanted"]
     programs, digests, entries = {}, {}, {}
     grading_keys = {s.key for s in grading}
     for sig in wanted:
@@ -249,17 +262,20 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
     shown = f"{Path(target).name}:{function}" if file is not None and target.endswith(".py") else spec
     submission = {"spec": shown, "file_sha256": hashlib.sha256(file.read_bytes()).hexdigest() if file else None,
                   "platform": platform, "isolation": where, "programs": list(entries.values())}
+    if features:
+        submission["features"] = list(features)
     return submission, templates, programs, digests, grading
 
 
 def grade_programs(name: str, folder: Path, digests: dict[str, str], grading: list[Signature], *, seed: int,
-                   level: str, platform: str) -> dict[str, Any]:
-    """The rubric's scorecard of the stored programs (the grading signatures' only), with their hashes."""
+                   level: str, platform: str, features: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The rubric's scorecard of the stored programs (the grading signatures' only), with their hashes;
+    ``features``: what the submission declared (graded by their checks too)."""
     from ..grading import rubric
     from ..grading.candidates import Candidate
 
     table = {s.key: digests[s.key] for s in grading}
-    program = ProgramAttention(str(folder), table, platform)
+    program = ProgramAttention(str(folder), table, platform, features)
     candidate = Candidate(name, "external", f"Submitted kernel {name}, as the programs it exported.",
                           lambda: program)
     card = rubric.grade(candidate, seed=seed, level=level, isolation="process").to_dict()
