@@ -32,6 +32,7 @@ from tqdm.auto import tqdm
 
 from ..grading import checks as C
 from ..grading.candidates import BUILTIN, Candidate, CandidateLoadError, resolve
+from ..grading.feature_checks import FEATURE_CHECKS
 from ..grading.problems import QUICK, draw_shapes
 from ..grading.rubric import grade_seeds
 from ..grading.tolerance import POLICY, needed_floor, needed_k
@@ -199,7 +200,7 @@ def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int, l
         "level": level,
         "shapes": _shapes(seeds, first_seed, level),
         "dtypes": ["float32", "bfloat16"],
-        "checks": [spec.name for spec in (*C.CHECKS, C.FINITE)],
+        "checks": [spec.name for spec in (*C.CHECKS, *FEATURE_CHECKS.values(), C.FINITE)],
         "policy": POLICY.to_dict(),
         "candidates": entries,
         "false_rejects": sum(e["rejected"] for e in correct),
