@@ -7,6 +7,11 @@ rows that see no key (exact zeros: the field's kernels return the mean of V or N
 convention the rubric's ``mean-v-empty-rows`` and ``nan-empty-rows`` built-ins show it rejects). None
 of them touches the numerics: logits, softmax, accumulation and the backward are the kernel's own.
 
+Features (``kernel_src.contract.FEATURES``): an adapter declares (``features``) exactly those its kernel
+implements itself, and passes them to the kernel's own arguments: ``xla_dot_product_attention`` the window
+(``local_window_size``); ``pallas_tpu_splash`` the window (``LocalMask``), soft-cap
+(``attn_logits_soft_cap``), segment ids (``SegmentIds``) and, where the installed splash takes them, sinks.
+
 The rubric loads these by path (``tests/field_adapters.py:xla_dot_product_attention``), so they also
 run in its worker process.
 """
@@ -14,19 +19,21 @@ run in its worker process.
 from __future__ import annotations
 
 import functools
+import inspect
 
 import jax
 import jax.numpy as jnp
 
 from tpu_kernel_records_tools.grading.candidates import jit_contract
-from kernel_src.contract import visibility_mask
+from kernel_src.contract import check_window, supports, visibility_mask
 from kernel_src.reference import reference_attention
 from kernel_src.sharded import attention_mesh, sharded_attention
 
 
-def _visible(q_len: int, kv_len: int, batch: int, causal: bool, kv_lengths) -> jax.Array:
-    """Bool ``[batch, q_len, kv_len]``: the contract's mask."""
-    mask = visibility_mask(q_len, kv_len, causal, kv_lengths)
+def _visible(q_len: int, kv_len: int, batch: int, causal: bool, kv_lengths, window=None, q_segment_ids=None,
+             kv_segment_ids=None) -> jax.Array:
+    """Bool ``[batch, q_len, kv_len]``: the contract's mask (features included where given)."""
+    mask = visibility_mask(q_len, kv_len, causal, kv_lengths, window, q_segment_ids, kv_segment_ids)
     return jnp.broadcast_to(mask, (batch, q_len, kv_len))
 
 
@@ -62,15 +69,57 @@ def ignores_scale(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     return reference_attention(q, k, v, causal=causal, kv_lengths=kv_lengths)
 
 
+@supports("softcap")
+def prerounded_reference(q, k, v, *, causal=False, kv_lengths=None, scale=None, window_size=None, softcap=None):
+    """The reference fed q as ``pallas_tpu_splash`` feeds splash: scaled in float32 and rounded once to the
+    input dtype, then ``scale=1`` (for the tests: what that rounding alone costs under a cap)."""
+    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
+    qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    return reference_attention(qs, k, v, causal=causal, kv_lengths=kv_lengths, scale=1.0, softcap=softcap)
+
+
 # --------------------------------------------------------------------------------------------------
 # jax.nn.dot_product_attention, XLA implementation: same layout, native grouped heads.
 
+def _dpa_window(window_size, q_len: int, kv_len: int) -> tuple[int, int] | None:
+    """The contract's ``window_size=(left, right)`` as ``dot_product_attention``'s ``local_window_size``.
+
+    dpa's window is top-left aligned: query index ``t`` sees key index ``s`` iff ``t - l <= s <= t + r``
+    (``_get_window_mask``: ``t <= s + l`` and ``t >= s - r``, the same inequalities in jax 0.6.2 and
+    0.10.2). The contract centres the window on ``p = i + (kv_len - q_len)``, so with ``shift = kv_len -
+    q_len`` it is dpa's window ``(left - shift, right + shift)``: a side may come out negative (a decode row
+    far down a long cache), which dpa's XLA implementation evaluates as the same inequalities. An unbounded
+    side (None) is a side past every key (``q_len`` left, ``kv_len`` right); ``(None, None)`` is no window.
+    (jax 0.6.2's ``_apply_masks`` drops ``local_window_size`` when no mask, causal or lengths come with
+    it; the adapter always passes its mask.)"""
+    if window_size is None:
+        return None
+    left, right = window_size
+    if left is None and right is None:
+        return None
+    shift = kv_len - q_len
+    return (q_len if left is None else int(left) - shift, kv_len if right is None else int(right) + shift)
+
+
 @jit_contract
-def xla_dot_product_attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+@supports("window")
+def xla_dot_product_attention(q, k, v, *, causal=False, kv_lengths=None, scale=None, window_size=None,
+                              softcap=None):
+    """``jax.nn.dot_product_attention(implementation="xla")``: the contract's causal and ``kv_lengths`` as
+    its boolean ``mask`` (its ``is_causal`` is top-left), the window as its own ``local_window_size``
+    (``_dpa_window``: the contract's bottom-right centre expressed in dpa's top-left indices).
+
+    ``softcap`` is in the signature only because ``jit_contract`` makes ``window_size`` and ``softcap``
+    static for any candidate that declares a feature: dpa has no cap, so it is not declared and refused."""
+    if softcap is not None:
+        raise ValueError("jax.nn.dot_product_attention has no soft-cap (not a declared feature)")
     batch, q_len = q.shape[:2]
-    visible = _visible(q_len, k.shape[1], batch, causal, kv_lengths)
-    out = jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=scale, implementation="xla")
-    return _zero_empty_rows(out, visible)
+    kv_len = k.shape[1]
+    visible = _visible(q_len, kv_len, batch, causal, kv_lengths)
+    out = jax.nn.dot_product_attention(q, k, v, mask=visible[:, None], scale=scale, implementation="xla",
+                                       local_window_size=_dpa_window(window_size, q_len, kv_len))
+    window = check_window(window_size)
+    return _zero_empty_rows(out, _visible(q_len, kv_len, batch, causal, kv_lengths, window))
 
 
 # --------------------------------------------------------------------------------------------------
@@ -80,10 +129,11 @@ def xla_dot_product_attention(q, k, v, *, causal=False, kv_lengths=None, scale=N
 #
 # Layout only, chosen so that one compiled program serves many problems (an interpreted kernel costs
 # seconds to compile and milliseconds to run): every (batch, head) pair becomes a row of a leading axis
-# padded to a power of two (at least ROWS), query rows are padded to 128 x a power of two and keys to 256 x one, head_dim to
-# whole 128-lane tiles; one block per sequence. The padding is exact: zero query/key/value columns add
-# exact zero terms to every dot product and are dropped, padded query rows are dropped (and get a zero
-# cotangent), padded keys carry segment 0, padded rows attend to zero keys and are dropped.
+# padded to a power of two (at least ROWS), query rows are padded to 128 x a power of two and keys to
+# 256 x one, head_dim to whole 128-lane tiles; one block per sequence. The padding is exact: zero
+# query/key/value columns add exact zero terms to every dot product and are dropped, padded query rows are
+# dropped (and get a zero cotangent), padded keys carry a segment id no query row has (flash: 0),
+# padded rows attend to zero keys and are dropped.
 
 LANES = 128  # the TPU kernels' blocks are whole 128-lane tiles
 ROWS = 16    # smallest leading (batch x head) extent, so the quick level's shapes share programs
@@ -129,7 +179,7 @@ def _rows(x: jax.Array, seq_axis: int, front: int, length: int, rows: int, lanes
 
 
 def _pad_segments(kv_seg: jax.Array, rows: int) -> jax.Array:
-    """Padded rows see every (zero) key: finite, and dropped."""
+    """Padded rows (id 1, their queries' too) see every (zero) key: finite, and dropped."""
     return jnp.concatenate([kv_seg, jnp.ones((rows - kv_seg.shape[0], kv_seg.shape[1]), jnp.int32)])
 
 
@@ -221,24 +271,73 @@ def _flash_rows_bwd(causal, scale, saved, g):
 _flash_rows.defvjp(_flash_rows_fwd, _flash_rows_bwd)
 
 
-def pallas_tpu_splash(q, k, v, *, causal=False, kv_lengths=None, scale=None):
+def _splash_takes_sinks() -> bool:
+    """Whether the installed splash attention takes ``sinks`` (jax 0.10.2's does, jax 0.6.2's does not)."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
+
+    return "sinks" in inspect.signature(sk._splash_attention).parameters
+
+
+SPLASH_FEATURES = ("window", "softcap", "segments", *(("sinks",) if _splash_takes_sinks() else ()))
+
+
+@supports(*SPLASH_FEATURES)
+def pallas_tpu_splash(q, k, v, *, causal=False, kv_lengths=None, scale=None, window_size=None, softcap=None,
+                      q_segment_ids=None, kv_segment_ids=None, sinks=None):
     """``pallas.ops.tpu.splash_attention`` (interpret=True): each (batch, kv head) a row of the
     multi-query kernel with its query group (native grouped heads; the group padded to a power of two
-    with zero query heads), padding keys as segment 0, its own causal mask on the front-padded square
-    (``_geometry``). It takes no scale: q is scaled first, in float32 and rounded once to the input
-    dtype, as models using it do."""
+    with zero query heads), padding keys as a segment no query has, its own causal mask on the
+    front-padded square (``_geometry``). It takes no scale: q is scaled first, in float32 and rounded once
+    to the input dtype, as models using it do. That rounding is outside the contract (fp32 logits of q.k)
+    and shows where bf16 logits lie far past a cap: the softcap check's cap50 probe (Gemma 2 27B's scale,
+    q x40) rejects it, as it rejects the reference fed the same rounded q (``prerounded_reference``); with
+    the scaled q left in float32 the kernel passes it (``tests/test_field_kernels.py``, ``SPLASH_KNOWN``).
+
+    Its features, each through its own argument: ``window_size`` as its ``LocalMask`` (ends inclusive,
+    like the contract's) with its own ``offset`` placing row ``i`` at ``p = i + kv_len - q_len``, and'ed
+    with its ``CausalMask`` at the same offset under causal (no front padding then: the offsets align
+    both); ``softcap`` as its ``attn_logits_soft_cap`` (on the scaled logits, before its mask, as the
+    contract orders them); segment ids as its ``SegmentIds`` (padding keys get an id that no query row of
+    their batch has, ``_kv_ids``); ``sinks`` (where the installed splash takes them) per query head, in
+    the frame of its logits (unscaled, uncapped, as the contract's)."""
     scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    rows = _splash_layout(q, k, v, kv_lengths, jnp.float32(scale), causal=bool(causal))
-    out = _splash_rows(*rows, bool(causal))  # [rows, heads, lq, lanes]
-    return _splash_unlayout(out, kv_lengths, causal=bool(causal), q_shape=q.shape, kv_shape=k.shape)
+    causal = bool(causal)
+    window = check_window(window_size)
+    softcap = None if softcap is None else float(softcap)
+    rows = _splash_layout(q, k, v, kv_lengths, jnp.float32(scale), q_segment_ids, kv_segment_ids, sinks,
+                          causal=causal, window=window is not None)
+    offset = 0 if window is None else k.shape[1] - q.shape[1]  # CausalMask alone: the front-padded square
+    out = _splash_rows(*rows, causal, window, offset, softcap)  # [rows, heads, lq, lanes]
+    return _splash_unlayout(out, kv_lengths, q_segment_ids, kv_segment_ids, causal=causal, window=window,
+                            q_shape=q.shape, kv_shape=k.shape)
 
 
-@functools.partial(jax.jit, static_argnames=("causal",))
-def _splash_layout(q, k, v, kv_lengths, scale, *, causal: bool):
+def _absent_id(ids: jax.Array) -> jax.Array:
+    """Int32 ``[batch]``: for each row of ``ids`` (``[batch, n]``), the least id >= 0 it lacks (one of 0..n)."""
+    n = ids.shape[1]
+    ordered = jnp.sort(ids, axis=1)
+    candidates = jnp.arange(n + 1, dtype=ids.dtype)
+    at = jax.vmap(lambda row: jnp.searchsorted(row, candidates))(ordered)
+    present = jnp.take_along_axis(ordered, jnp.minimum(at, n - 1), axis=1) == candidates[None, :]
+    return jnp.argmin(present, axis=1).astype(jnp.int32)
+
+
+def _kv_ids(q_ids: jax.Array, kv_ids: jax.Array, kv_lengths, pad_k: int, lk: int) -> jax.Array:
+    """Int32 ``[batch, lk]``: the keys' segment ids laid out (front ``pad_k``, back to ``lk``), every padding
+    key (front, back, past ``kv_lengths[b]``) given an id that no query row of batch ``b`` has."""
+    batch, kv_len = kv_ids.shape
+    valid = _kv_segments(batch, kv_len, kv_lengths, pad_k, lk) == 1
+    ids = _pad(kv_ids.astype(jnp.int32), 1, pad_k, lk)
+    return jnp.where(valid, ids, _absent_id(q_ids.astype(jnp.int32))[:, None])
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "window"))
+def _splash_layout(q, k, v, kv_lengths, scale, q_segment_ids, kv_segment_ids, sinks, *, causal: bool,
+                   window: bool):
     batch, q_len, hq, d = q.shape
     kv_len, hk = k.shape[1], k.shape[2]
     group = hq // hk
-    pad_q, pad_k, lq, lk = _geometry(q_len, kv_len, causal)
+    pad_q, pad_k, lq, lk = _geometry(q_len, kv_len, causal and not window)
     n, heads, lanes = batch * hk, _ladder(group, 4), -(-d // LANES) * LANES
     rows = _ladder(n, ROWS // 2)
     qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
@@ -246,31 +345,56 @@ def _splash_layout(q, k, v, kv_lengths, scale, *, causal: bool):
     qg = _rows(_pad(qg, 1, 0, heads), 2, pad_q, lq, rows, lanes)  # [rows, heads, lq, lanes]
     kg, vg = (_rows(jnp.transpose(x, (0, 2, 1, 3)).reshape(n, kv_len, d), 1, pad_k, lk, rows, lanes)
               for x in (k, v))  # [rows, lk, lanes]
-    kv_seg = _pad_segments(jnp.repeat(_kv_segments(batch, kv_len, kv_lengths, pad_k, lk), hk, axis=0), rows)
-    return qg, kg, vg, kv_seg
+    if q_segment_ids is None:  # one segment; padding keys get id 0
+        q_ids, kv_ids = jnp.ones((batch, q_len), jnp.int32), jnp.ones((batch, kv_len), jnp.int32)
+    else:
+        q_ids, kv_ids = q_segment_ids.astype(jnp.int32), kv_segment_ids.astype(jnp.int32)
+    kv_seg = _kv_ids(q_ids, kv_ids, kv_lengths, pad_k, lk)
+    q_seg = _pad(q_ids, 1, pad_q, lq)  # padded query rows are dropped: any id
+    q_seg, kv_seg = (_pad_segments(jnp.repeat(x, hk, axis=0), rows) for x in (q_seg, kv_seg))
+    if sinks is not None:  # [hq] -> [rows, heads]: row b * hk + h holds kv head h's query group
+        sinks = _pad(_pad(jnp.tile(sinks.astype(jnp.float32).reshape(hk, group), (batch, 1)), 1, 0, heads), 0, 0,
+                     rows)
+    return qg, kg, vg, q_seg, kv_seg, sinks
 
 
-@functools.partial(jax.jit, static_argnames=("causal", "q_shape", "kv_shape"))
-def _splash_unlayout(out, kv_lengths, *, causal: bool, q_shape, kv_shape):
+@functools.partial(jax.jit, static_argnames=("causal", "window", "q_shape", "kv_shape"))
+def _splash_unlayout(out, kv_lengths, q_segment_ids, kv_segment_ids, *, causal: bool, window, q_shape, kv_shape):
     batch, q_len, hq, d = q_shape
     hk = kv_shape[2]
-    pad_q = _geometry(q_len, kv_shape[1], causal)[0]
+    pad_q = _geometry(q_len, kv_shape[1], causal and window is None)[0]
     out = out[:batch * hk, :hq // hk, pad_q:pad_q + q_len, :d].reshape(batch, hk, hq // hk, q_len, d)
     out = jnp.transpose(out, (0, 3, 1, 2, 4)).reshape(batch, q_len, hq, d)
-    return _zero_empty_rows(out, _visible(q_len, kv_shape[1], batch, causal, kv_lengths))
+    return _zero_empty_rows(out, _visible(q_len, kv_shape[1], batch, causal, kv_lengths, window, q_segment_ids,
+                                          kv_segment_ids))
 
 
-@functools.partial(jax.jit, static_argnums=(4,))
-def _splash_rows(q, k, v, kv_seg, causal: bool):
+def _splash_mask(lq: int, lk: int, causal: bool, window, offset: int):
+    """Splash's own mask of one head on the padded ``(lq, lk)`` grid: ``CausalMask`` (at ``offset``),
+    ``LocalMask(window, offset)``, their AND, or ``FullMask``."""
+    from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
+
+    if window is None:
+        return sm.CausalMask((lq, lk), offset=offset) if causal else sm.FullMask((lq, lk))
+    local = sm.LocalMask((lq, lk), window, offset=offset)
+    return sm.CausalMask((lq, lk), offset=offset) & local if causal else local
+
+
+@functools.partial(jax.jit, static_argnums=(6, 7, 8, 9))
+def _splash_rows(q, k, v, q_seg, kv_seg, sinks, causal: bool, window, offset: int, softcap):
     """The multi-query kernel alone on padded rows (q ``[rows, heads, lq, lanes]``, k, v ``[rows, lk,
-    lanes]``): compiled once per padded shape and flags (see ``_flash_rows``)."""
+    lanes]``): compiled once per padded shape and flags (see ``_flash_rows``); its mask is static, built
+    here per (shape, causal, window, offset): a program per window (the window probes' windows differ)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
     heads, lq, lk = q.shape[1], q.shape[2], k.shape[1]
-    one = sm.CausalMask((lq, lk)) if causal else sm.FullMask((lq, lk))
+    one = _splash_mask(lq, lk, causal, window, offset)
     blocks = sk.BlockSizes(block_q=lq, block_kv=lk, block_kv_compute=lk, block_q_dkv=lq,
                            block_kv_dkv=lk, block_kv_dkv_compute=lk, block_q_dq=lq, block_kv_dq=lk)
-    kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask([one] * heads), block_sizes=blocks, interpret=True)
-    seg = sk.SegmentIds(q=jnp.ones((q.shape[0], lq), jnp.int32), kv=kv_seg)
-    return jax.vmap(kernel)(q, k, v, seg)
+    kernel = sk.make_splash_mqa_single_device(sm.MultiHeadMask([one] * heads), block_sizes=blocks, interpret=True,
+                                              attn_logits_soft_cap=softcap)
+    if sinks is None:
+        return jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, sk.SegmentIds(q=qs, kv=ks)))(q, k, v, q_seg, kv_seg)
+    return jax.vmap(lambda q, k, v, qs, ks, s: kernel(q, k, v, sk.SegmentIds(q=qs, kv=ks), sinks=s))(
+        q, k, v, q_seg, kv_seg, sinks)
