@@ -287,11 +287,12 @@ def pallas_tpu_splash(q, k, v, *, causal=False, kv_lengths=None, scale=None, win
     """``pallas.ops.tpu.splash_attention`` (interpret=True): each (batch, kv head) a row of the
     multi-query kernel with its query group (native grouped heads; the group padded to a power of two
     with zero query heads), padding keys as a segment no query has, its own causal mask on the
-    front-padded square (``_geometry``). It takes no scale: q is scaled first, in float32 and rounded once
-    to the input dtype, as models using it do. That rounding is outside the contract (fp32 logits of q.k)
-    and shows where bf16 logits lie far past a cap: the softcap check's cap50 probe (Gemma 2 27B's scale,
-    q x40) rejects it, as it rejects the reference fed the same rounded q (``prerounded_reference``); with
-    the scaled q left in float32 the kernel passes it (``tests/test_field_kernels.py``, ``SPLASH_KNOWN``).
+    front-padded square (``_geometry``). It takes no scale: q is scaled first, in float32, and passed to it
+    in float32 (its logits are then the contract's float32 ``scale * q.k``; its output is rounded to the
+    input dtype). Models feeding it usually round the scaled q to bfloat16 first: that rounding is outside
+    the contract, and past a cap of 50 it alone costs about ten times the reference's error (the softcap
+    check's cap50 probe rejects the reference fed such a q, ``prerounded_reference``), so the adapter does
+    not do it.
 
     Its features, each through its own argument: ``window_size`` as its ``LocalMask`` (ends inclusive,
     like the contract's) with its own ``offset`` placing row ``i`` at ``p = i + kv_len - q_len``, and'ed
@@ -309,7 +310,7 @@ def pallas_tpu_splash(q, k, v, *, causal=False, kv_lengths=None, scale=None, win
     offset = 0 if window is None else k.shape[1] - q.shape[1]  # CausalMask alone: the front-padded square
     out = _splash_rows(*rows, causal, window, offset, softcap)  # [rows, heads, lq, lanes]
     return _splash_unlayout(out, kv_lengths, q_segment_ids, kv_segment_ids, causal=causal, window=window,
-                            q_shape=q.shape, kv_shape=k.shape)
+                            q_shape=q.shape, kv_shape=k.shape).astype(q.dtype)
 
 
 def _absent_id(ids: jax.Array) -> jax.Array:
@@ -340,7 +341,7 @@ def _splash_layout(q, k, v, kv_lengths, scale, q_segment_ids, kv_segment_ids, si
     pad_q, pad_k, lq, lk = _geometry(q_len, kv_len, causal and not window)
     n, heads, lanes = batch * hk, _ladder(group, 4), -(-d // LANES) * LANES
     rows = _ladder(n, ROWS // 2)
-    qs = (q.astype(jnp.float32) * scale).astype(q.dtype)
+    qs = q.astype(jnp.float32) * scale  # float32 logits, as the contract has them (see pallas_tpu_splash)
     qg = jnp.transpose(qs.reshape(batch, q_len, hk, group, d), (0, 2, 3, 1, 4)).reshape(n, group, q_len, d)
     qg = _rows(_pad(qg, 1, 0, heads), 2, pad_q, lq, rows, lanes)  # [rows, heads, lq, lanes]
     kg, vg = (_rows(jnp.transpose(x, (0, 2, 1, 3)).reshape(n, kv_len, d), 1, pad_k, lk, rows, lanes)

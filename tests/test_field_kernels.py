@@ -15,7 +15,7 @@ Each adapter declares the contract's features its kernel implements itself (``fi
 ``local_window_size`` as the window; splash its ``LocalMask``, ``attn_logits_soft_cap``, ``SegmentIds`` and,
 where the installed splash takes them, sinks: jax 0.10.2's, not 0.6.2's), and the rubric grades each
 declared feature by the check of its name on top of the base checks: a reject there is a grader bug or the
-kernel's own, except the one the splash adapter's own rounding of q explains (``SPLASH_KNOWN``: xfail).
+kernel's own.
 
 Where a JAX version lacks what a kernel needs, its test is skipped with the reason.
 """
@@ -57,12 +57,11 @@ NO_TPU_INTERPRET = pytest.mark.skipif(
            "jax.experimental.pallas.tpu has no set_tpu_interpret_mode, so its pallas_calls cannot run on the CPU")
 
 
-# Splash takes no scale, so its adapter scales q in float32 and rounds it once to the input dtype (as models
-# feeding it do). At softcap/cap50 (bf16, Gemma 2 27B's scale 144 ** -0.5, q x40: logits far past the cap)
-# that rounding alone costs about ten times the reference's error: the contract's reference fed the same
-# rounded q fails that probe with the same error at the same element (test_prerounded_q_fails_cap50). Not
-# the kernel's arithmetic and not a grader bug: the rounding is outside the contract (fp32 logits of q.k).
-SPLASH_KNOWN = {"softcap": "softcap/cap50("}
+# Splash takes no scale, so its adapter scales q in float32 and passes it in float32. Models feeding it
+# usually round that q to bfloat16 first; at softcap/cap50 (bf16, Gemma 2 27B's scale 144 ** -0.5, q x40:
+# logits far past the cap) that rounding alone costs about ten times the reference's error: the contract's
+# reference fed the same rounded q fails that probe (test_prerounded_q_fails_cap50). No failure is expected.
+SPLASH_KNOWN: dict[str, str] = {}
 FULL_TIME_LIMIT_S = 4 * 3600.0  # an interpreted Pallas TPU kernel's full-level grade takes over 600 s on 2 cores
 
 
@@ -113,12 +112,12 @@ def test_dpa_window_translation_is_the_contracts_window():
 
 @pytest.mark.slow
 def test_prerounded_q_fails_cap50():
-    """Why splash's softcap check fails at cap50 (``SPLASH_KNOWN``): the contract's own reference, fed q as the
-    splash adapter feeds it (scaled and rounded to bf16 first), fails the same probe and no other."""
+    """Why the splash adapter passes q in float32: the contract's own reference, fed q as models usually feed
+    splash (scaled and rounded to bf16 first), fails the softcap check's cap50 probe and no other."""
     card = grade_inprocess(f"{ADAPTERS}:prerounded_reference", only=["softcap"])
     (check,) = card.checks
     assert not check.passed
-    assert all(part.startswith(SPLASH_KNOWN["softcap"]) for part in check.detail.split("; ")), check.detail
+    assert all(part.startswith("softcap/cap50(") for part in check.detail.split("; ")), check.detail
 
 
 def test_splash_declares_exactly_what_it_takes():
@@ -147,8 +146,7 @@ def test_pallas_tpu_flash_attention_is_accepted():
 
 @pytest.mark.slow
 def test_pallas_tpu_splash_attention_is_accepted():
-    """Base checks and every feature splash declares (window, softcap, segments, sinks where it takes them);
-    softcap's cap50 probe fails on the adapter's rounded q (``SPLASH_KNOWN``): xfail, naming it."""
+    """Base checks and every feature splash declares (window, softcap, segments, sinks where it takes them)."""
     _grade("pallas_tpu_splash", features=field_adapters.SPLASH_FEATURES, known=SPLASH_KNOWN)
 
 
