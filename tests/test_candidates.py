@@ -4,11 +4,13 @@ import sys
 
 import pytest
 
+from kernel_src.contract import declared_features
 from tpu_kernel_records_tools.grading import checks
+from tpu_kernel_records_tools.grading.feature_checks import FEATURE_CHECKS
 from tpu_kernel_records_tools.grading.candidates import (BUILTIN, KINDS, Candidate, CandidateLoadError,
                                                          CandidateSpecError, resolve)
 
-CHECK_NAMES = {spec.name for spec in checks.CHECKS} | {checks.FINITE.name}
+CHECK_NAMES = {spec.name for spec in checks.CHECKS} | {checks.FINITE.name} | set(FEATURE_CHECKS)
 
 
 def test_roster_has_the_required_candidates():
@@ -31,6 +33,8 @@ def test_every_builtin_is_documented(name):
     assert cand.name == name and cand.kind in KINDS and cand.summary
     if cand.kind == "known-bad":
         assert cand.catches and set(cand.catches) <= CHECK_NAMES, cand.catches
+        # a feature's check runs only on a candidate that declares the feature
+        assert set(cand.catches) & set(FEATURE_CHECKS) <= set(declared_features(cand.load())), cand.catches
 
 
 def test_resolve_builtin_and_passthrough():

@@ -12,7 +12,7 @@ import pytest
 from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading import oracle, problems, tolerance
 from tpu_kernel_records_tools.grading.candidates import BUILTIN, reference
-from kernel_src.contract import Dims
+from kernel_src.contract import FEATURES, Dims
 from tpu_kernel_records_tools.records import rawio
 from tests.grading_inprocess import InProcessRunner, grade
 
@@ -25,6 +25,9 @@ FULL_ONLY = ["head-dim-tile", "query-tile-local-causal", "key-tile-wrap", "input
              "batch-blocks-of-4", "long-cache-bf16-accumulator", "head-blocks-of-16", "prefill-top-left",
              "spec-decode-no-causal", "mha-d64-pairs", "skip-last-full-block"]
 CORRECT = sorted(n for n, c in BUILTIN.items() if c.kind in ("reference", "correct-variant"))
+# Known-bad built-ins of the contract's features (issue 34): each is graded on the check of the feature it breaks
+# in tests/test_feature_builtins.py (quick and full levels); a whole quick grade of each would add a minute here.
+FEATURE_BAD = [n for n in BAD if set(BUILTIN[n].catches) <= set(FEATURES)]
 
 
 def _validate(cards):
@@ -186,7 +189,7 @@ def test_correct_candidates_pass(name):
     assert card.passed, [(c.name, c.detail) for c in card.checks if not c.passed]
 
 
-@pytest.mark.parametrize("name", [n for n in BAD if n not in FULL_ONLY])
+@pytest.mark.parametrize("name", [n for n in BAD if n not in FULL_ONLY and n not in FEATURE_BAD])
 def test_known_bad_candidate_fails_its_intended_check(name):
     card = grade(name, seed=0)
     assert not card.passed and card.score < card.max_score

@@ -1,7 +1,8 @@
 """Candidates the rubric grades: the reference, the kernels, correct variants, known-bad ones, any user's.
 
 Every candidate follows the contract ``attention(q, k, v, *, causal=False, kv_lengths=None, scale=None)``
-(``kernel_src.contract``). ``BUILTIN`` maps a name to a :class:`Candidate`; :func:`resolve` also accepts
+(``kernel_src.contract``), plus the arguments of the features it declares (the feature built-ins declare all
+four). ``BUILTIN`` maps a name to a :class:`Candidate`; :func:`resolve` also accepts
 ``path/to/file.py:function`` and ``package.module:function``. Loading is lazy: a kernel that does not
 import yet, or a file that does not exist, fails in :meth:`Candidate.load` and the rubric turns that into
 a scorecard with the load error.
@@ -154,12 +155,20 @@ def _variant(default_scale: Callable[[int], float] = lambda d: d ** -0.5, **swit
     return attention
 
 
-def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = ""):
+def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = "", first_block_guard=True,
+                    window_size=None, softcap=None, q_segment_ids=None, kv_segment_ids=None, sinks=None):
     """Flash-style: running max, sum and fp32 accumulator over key chunks of ``chunk`` (a ``lax.scan``).
+
+    The features, where given: each chunk builds its own mask (window around the row's position, equal
+    segment ids), the cap is applied to the chunk's logits before its mask, and a row's running max and
+    sum start from its head's sink (``m = sink``, ``l = 1``) instead of ``-inf`` and 0.
 
     ``bug`` (known-bad candidates only): "input-dtype-accumulator" ("bf16-accumulator") keeps the output
     accumulator and the running sum in the input dtype (in bfloat16) between chunks; "frozen-max" sets
-    the running max from the first chunk with a visible key and never raises it.
+    the running max from the first chunk with a visible key and never raises it. ``first_block_guard``
+    False (a traced bool, so the bug and the correct variant share their programs) drops the guard on the
+    running max (``exp(m - m_new)`` with both ``-inf`` is NaN) and instead starts the rows that see no key
+    at all from ``m = 0``: a row whose first chunk its window or segment hides whole turns NaN.
     """
     b, lq, hq, d = q.shape
     lk, hk = k.shape[1], k.shape[2]
@@ -174,6 +183,9 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = 
     v = jnp.pad(jnp.repeat(v, hq // hk, axis=2), ((0, 0), (0, pad), (0, 0), (0, 0)))
     lengths = jnp.full((b,), lk) if kv_lengths is None else kv_lengths
     i = jnp.arange(lq)[:, None]
+    left, right = (None, None) if window_size is None else window_size
+    if q_segment_ids is not None:
+        kv_ids = jnp.pad(kv_segment_ids, ((0, 0), (0, pad)))  # the padded keys are masked by j < lk
 
     def step(carry, start):
         m, l, acc = carry
@@ -181,9 +193,18 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = 
         vc = jax.lax.dynamic_slice_in_dim(v, start, chunk, axis=1)
         j = start + jnp.arange(chunk)[None, :]
         vis = (j < lk) & ((j <= i + (lk - lq)) | (not causal))
+        if left is not None:
+            vis = vis & (j >= i + (lk - lq) - left)
+        if right is not None:
+            vis = vis & (j <= i + (lk - lq) + right)
         vis = vis[None, None] & (j[None, None] < lengths[:, None, None, None])
+        if q_segment_ids is not None:
+            ids = jax.lax.dynamic_slice_in_dim(kv_ids, start, chunk, axis=1)
+            vis = vis & (q_segment_ids[:, None, :, None] == ids[:, None, None, :])
         s = jnp.einsum("bqhd,bkhd->bhqk", q, kc, precision=jax.lax.Precision.HIGHEST,
                        preferred_element_type=jnp.float32) * scale
+        if softcap is not None:
+            s = softcap * jnp.tanh(s / softcap)
         s = jnp.where(vis, s, -jnp.inf)
         # The result does not depend on the running max, so no gradient flows through it.
         m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
@@ -193,17 +214,43 @@ def _online_softmax(q, k, v, kv_lengths, *, causal, scale, chunk=16, bug: str = 
         m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
         alpha = jnp.where(jnp.isfinite(m), jnp.exp(m - m_safe), 0.0)
         p = jnp.where(vis, jnp.exp(s - m_safe), 0.0)
+        if first_block_guard is not True:  # unguarded: exp(-inf - -inf) = NaN where m and m_new are -inf
+            alpha = jnp.where(first_block_guard, alpha, jnp.exp(m - m_new))
+            p = jnp.where(first_block_guard, p, jnp.where(vis, jnp.exp(s - m_new), 0.0))
         l = alpha * l.astype(jnp.float32) + jnp.sum(p, axis=-1, keepdims=True)
         acc = alpha * acc.astype(jnp.float32) + jnp.einsum("bhqk,bkhd->bhqd", p, vc.astype(jnp.float32),
                                                            precision=jax.lax.Precision.HIGHEST)
         return (m_new, l.astype(acc_dtype), acc.astype(acc_dtype)), None
 
-    init = (jnp.full((b, hq, lq, 1), -jnp.inf, jnp.float32), jnp.zeros((b, hq, lq, 1), acc_dtype),
-            jnp.zeros((b, hq, lq, d), acc_dtype))
+    if sinks is None:
+        init = (jnp.full((b, hq, lq, 1), -jnp.inf, jnp.float32), jnp.zeros((b, hq, lq, 1), acc_dtype),
+                jnp.zeros((b, hq, lq, d), acc_dtype))
+        if first_block_guard is not True:  # unguarded, only a row with no visible key at all starts from m = 0
+            empty = _row_sees_nothing(lq, lk, causal, lengths, window_size, q_segment_ids, kv_segment_ids)
+            init = (jnp.where(~first_block_guard & empty[:, None, :, None], 0.0, init[0]), *init[1:])
+    else:  # the sink is the row's first "key": m = sink and l = exp(sink - m) = 1 (its gradient is dsinks')
+        sink = jnp.broadcast_to(sinks.astype(jnp.float32)[None, :, None, None], (b, hq, lq, 1))
+        m0 = jax.lax.stop_gradient(sink)
+        init = (m0, jnp.exp(sink - m0).astype(acc_dtype), jnp.zeros((b, hq, lq, d), acc_dtype))
     (_, l, acc), _ = jax.lax.scan(step, init, jnp.arange(0, lk + pad, chunk))
     l = l.astype(jnp.float32)
     out = acc.astype(jnp.float32) / jnp.where(l > 0, l, 1.0)
     return jnp.transpose(out, (0, 2, 1, 3)).astype(dtype)
+
+
+def _row_sees_nothing(lq, lk, causal, lengths, window_size, q_segment_ids, kv_segment_ids) -> jax.Array:
+    """Bool ``[batch, q_len]``: rows that see no key (the contract's mask, whole rows at once)."""
+    i, j = jnp.arange(lq)[:, None], jnp.arange(lk)[None, :]
+    left, right = (None, None) if window_size is None else window_size
+    seen = (j <= i + (lk - lq)) | (not causal)
+    if left is not None:
+        seen = seen & (j >= i + (lk - lq) - left)
+    if right is not None:
+        seen = seen & (j <= i + (lk - lq) + right)
+    seen = seen[None] & (j[None] < lengths[:, None, None])
+    if q_segment_ids is not None:
+        seen = seen & (q_segment_ids[:, :, None] == kv_segment_ids[:, None, :])
+    return ~jnp.any(seen, axis=-1)
 
 
 def _split_kv_without_maxima(q, k, v, kv_lengths, *, causal, scale, split=512):
@@ -241,7 +288,8 @@ def _split_kv_without_maxima(q, k, v, kv_lengths, *, causal, scale, split=512):
 LOG2E = 1.4426950408889634
 
 
-def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, block_q=128, block_k=128):
+def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, block_q=128, block_k=128,
+                 window_size=None, softcap=None, q_segment_ids=None, kv_segment_ids=None, sinks=None):
     """Correct, written the way fast kernels are (FlashAttention-2/3, the Pallas TPU kernels).
 
     Forward: query tiles of ``block_q`` rows times key tiles of ``block_k`` keys, online softmax in
@@ -251,6 +299,11 @@ def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, bloc
     (input dtype), P and dS rounded to the input dtype before the dV, dQ and dK matmuls, fp32
     accumulation. ``per_head_dkv``: each query head's dK/dV contribution is rounded to the input dtype
     before the sum over its group (a backward run on repeated K/V heads).
+
+    The features, where given, the way FlashAttention-2 and the Pallas kernels add them: each tile's mask
+    from its own positions and segment ids; the cap on the tile's logits before the mask, its slope
+    ``1 - tanh^2`` applied to dS in the backward; the sink as every row's first running max and sum (in
+    base 2), in the saved log-sum-exp, and ``dsinks = -sum(P_sink * di)`` over the head's rows.
     """
     b, lq, hq, d = q.shape
     lk, hk = k.shape[1], k.shape[2]
@@ -259,33 +312,58 @@ def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, bloc
     lengths = jnp.full((b,), lk, jnp.int32) if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
     dt = q.dtype
     hi = jax.lax.Precision.HIGHEST
+    left, right = (None, None) if window_size is None else window_size
+    segments = q_segment_ids is not None
 
-    def visible(q_pos, k_pos, lengths):  # q_pos [q, 1], k_pos [1, k], lengths [b] -> [b, 1, q, k]
-        ok = (k_pos < lk) & ((k_pos <= q_pos + (lk - lq)) | (not causal))
-        return ok[None, None] & (k_pos[None, None] < lengths[:, None, None, None])
+    def visible(q_pos, k_pos, lengths, q_ids=None, kv_ids=None):  # q_pos [q, 1], k_pos [1, k], lengths [b]
+        ok = (k_pos < lk) & ((k_pos <= q_pos + (lk - lq)) | (not causal))    # -> [b, 1, q, k]
+        if left is not None:
+            ok = ok & (k_pos >= q_pos + (lk - lq) - left)
+        if right is not None:
+            ok = ok & (k_pos <= q_pos + (lk - lq) + right)
+        ok = ok[None, None] & (k_pos[None, None] < lengths[:, None, None, None])
+        if q_ids is not None:  # q_ids [b, q], kv_ids [b, k]
+            ok = ok & (q_ids[:, None, :, None] == kv_ids[:, None, None, :])
+        return ok
+
+    def capped(s):  # fp32 logits (scale applied) -> the cap's tanh, or None without a cap
+        return None if softcap is None else jnp.tanh(s / softcap)
 
     def logits2(qh, kh):  # [b, h, q, d] x [b, h, k, d] -> base-2 logits [b, h, q, k] (fp32)
+        if softcap is not None:
+            s = jnp.einsum("bhqd,bhkd->bhqk", qh, kh, precision=hi, preferred_element_type=jnp.float32) * scale
+            return softcap * capped(s) * LOG2E
         return jnp.einsum("bhqd,bhkd->bhqk", qh, kh, precision=hi, preferred_element_type=jnp.float32) \
             * (scale * LOG2E)
 
     def heads(x):  # [b, len, kv heads, d] -> [b, q heads, len, d] (each kv head read by its group)
         return jnp.transpose(jnp.repeat(x, g, axis=2), (0, 2, 1, 3))
 
-    def forward(q, k, v, lengths):
+    def forward(q, k, v, lengths, extra):
+        q_ids, kv_ids, sink = extra
         nq, nk = -(-lq // block_q), -(-lk // block_k)
         qh = jnp.pad(jnp.transpose(q, (0, 2, 1, 3)), ((0, 0), (0, 0), (0, nq * block_q - lq), (0, 0)))
         kh = jnp.pad(heads(k), ((0, 0), (0, 0), (0, nk * block_k - lk), (0, 0)))
         vh = jnp.pad(heads(v), ((0, 0), (0, 0), (0, nk * block_k - lk), (0, 0)))
+        if segments:
+            q_ids = jnp.pad(q_ids, ((0, 0), (0, nq * block_q - lq)))
+            kv_ids = jnp.pad(kv_ids, ((0, 0), (0, nk * block_k - lk)))
 
         def query_tile(qi):
             qt = jax.lax.dynamic_slice_in_dim(qh, qi * block_q, block_q, axis=2)
             q_pos = qi * block_q + jnp.arange(block_q)[:, None]
+            q_tile_ids = jax.lax.dynamic_slice_in_dim(q_ids, qi * block_q, block_q, axis=1) if segments else None
 
             def key_tile(carry, ki):
                 m, l, acc = carry
                 kt = jax.lax.dynamic_slice_in_dim(kh, ki * block_k, block_k, axis=2)
                 vt = jax.lax.dynamic_slice_in_dim(vh, ki * block_k, block_k, axis=2)
-                vis = visible(q_pos, ki * block_k + jnp.arange(block_k)[None, :], lengths)
+                if segments:
+                    k_tile_ids = jax.lax.dynamic_slice_in_dim(kv_ids, ki * block_k, block_k, axis=1)
+                    vis = visible(q_pos, ki * block_k + jnp.arange(block_k)[None, :], lengths, q_tile_ids,
+                                  k_tile_ids)
+                else:
+                    vis = visible(q_pos, ki * block_k + jnp.arange(block_k)[None, :], lengths)
                 s = jnp.where(vis, logits2(qt, kt), -jnp.inf)
                 m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))
                 m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
@@ -296,8 +374,12 @@ def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, bloc
                                 preferred_element_type=jnp.float32)
                 return (m_new, l, alpha * acc + pv), None
 
-            init = (jnp.full((b, hq, block_q, 1), -jnp.inf, jnp.float32),
-                    jnp.zeros((b, hq, block_q, 1), jnp.float32), jnp.zeros((b, hq, block_q, d), jnp.float32))
+            if sink is None:
+                init = (jnp.full((b, hq, block_q, 1), -jnp.inf, jnp.float32),
+                        jnp.zeros((b, hq, block_q, 1), jnp.float32), jnp.zeros((b, hq, block_q, d), jnp.float32))
+            else:  # the sink opens every row: running max sink * log2(e), running sum exp2(0) = 1
+                init = (jnp.broadcast_to(sink.astype(jnp.float32)[None, :, None, None] * LOG2E, (b, hq, block_q, 1)),
+                        jnp.ones((b, hq, block_q, 1), jnp.float32), jnp.zeros((b, hq, block_q, d), jnp.float32))
             (m, l, acc), _ = jax.lax.scan(key_tile, init, jnp.arange(nk))
             out = acc / jnp.where(l > 0, l, 1.0)
             lse2 = jnp.where(l > 0, m + jnp.log2(jnp.where(l > 0, l, 1.0)), jnp.inf)  # base 2; +inf: no key
@@ -308,20 +390,22 @@ def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, bloc
         lse2 = jnp.moveaxis(lse2, 0, 2).reshape(b, hq, nq * block_q, 1)[:, :, :lq]
         return jnp.transpose(out, (0, 2, 1, 3)).astype(dt), lse2
 
-    # lengths is an argument, not a closure: custom_vjp functions may not close over traced values.
+    # lengths and the feature arrays are arguments, not closures: custom_vjp functions may not close over
+    # traced values.
     @jax.custom_vjp
-    def attention(q, k, v, lengths):
-        return forward(q, k, v, lengths)[0]
+    def attention(q, k, v, lengths, extra):
+        return forward(q, k, v, lengths, extra)[0]
 
-    def fwd(q, k, v, lengths):
-        out, lse2 = forward(q, k, v, lengths)
-        return out, (q, k, v, lengths, out, lse2)
+    def fwd(q, k, v, lengths, extra):
+        out, lse2 = forward(q, k, v, lengths, extra)
+        return out, (q, k, v, lengths, extra, out, lse2)
 
     def bwd(res, do):
-        q, k, v, lengths, out, lse2 = res
+        q, k, v, lengths, extra, out, lse2 = res
+        q_ids, kv_ids, sink = extra
         qh, kh, vh = jnp.transpose(q, (0, 2, 1, 3)), heads(k), heads(v)
         doh = jnp.transpose(do.astype(dt), (0, 2, 1, 3))
-        vis = visible(jnp.arange(lq)[:, None], jnp.arange(lk)[None, :], lengths)
+        vis = visible(jnp.arange(lq)[:, None], jnp.arange(lk)[None, :], lengths, q_ids, kv_ids)
         p = jnp.where(vis, jnp.exp2(logits2(qh, kh) - lse2), 0.0)
         pr = rounded(p, dt)
         doh, vh, kh, qh = (x.astype(jnp.float32) for x in (doh, vh, kh, qh))
@@ -329,7 +413,11 @@ def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, bloc
         dp = jnp.einsum("bhqd,bhkd->bhqk", doh, vh, precision=hi)
         di = jnp.sum(doh.astype(jnp.float32) * jnp.transpose(out, (0, 2, 1, 3)).astype(jnp.float32),
                      axis=-1, keepdims=True)
-        ds = rounded(p * (dp - di), dt)
+        if softcap is None:
+            ds = rounded(p * (dp - di), dt)
+        else:  # through the cap: d(softcap * tanh(s / softcap)) / ds = 1 - tanh^2
+            t = capped(jnp.einsum("bhqd,bhkd->bhqk", qh, kh, precision=hi) * scale)
+            ds = rounded(p * (dp - di) * (1.0 - t * t), dt)
         dq = jnp.einsum("bhqk,bhkd->bhqd", ds, kh, precision=hi) * scale
         dk = jnp.einsum("bhqk,bhqd->bhkd", ds, qh, precision=hi) * scale
 
@@ -338,10 +426,15 @@ def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, bloc
                 x = rounded(x, dt)
             return jnp.transpose(x.reshape(b, hk, g, lk, d).sum(axis=2), (0, 2, 1, 3)).astype(dt)
 
-        return jnp.transpose(dq, (0, 2, 1, 3)).astype(dt), fold(dk), fold(dv), None
+        dsink = None
+        if sink is not None:  # the sink's probability in each row times -di, summed over the head's rows
+            p_sink = jnp.exp2(sink.astype(jnp.float32)[None, :, None, None] * LOG2E - lse2)
+            dsink = (-jnp.sum(p_sink * di, axis=(0, 2, 3))).astype(sink.dtype)
+        return (jnp.transpose(dq, (0, 2, 1, 3)).astype(dt), fold(dk), fold(dv), None,
+                (None, None, dsink))
 
     attention.defvjp(fwd, bwd)
-    return attention(q, k, v, lengths)
+    return attention(q, k, v, lengths, (q_segment_ids, kv_segment_ids, sinks))
 
 
 # XLA:CPU's classic fusion emitters instead of its default MLIR ones: the same bits on the reference's programs
@@ -378,6 +471,114 @@ def jit_cpu(fn, **jit_kwargs):
     return call
 
 
+# --------------------------------------------------------------------------------------------------
+# The contract's features (issue 34) on one dense masked attention whose switches, window and cap are *traced*
+# (which features a call has is static): every known-bad feature candidate built on it shares one compiled
+# executable per shape, dtype and set of features, whatever its bug and whatever window or cap a probe draws.
+# All off is the contract.
+
+class FeatureSwitches(NamedTuple):
+    """Runtime switches of :func:`_attend_features`; all off is the contract."""
+
+    window_slack: int = 0               # window starts at p - left - slack (1: one key too wide, -1: too narrow)
+    window_top_left: bool = False       # window around row i instead of its position i + kv_len - q_len
+    window_short_path: bool = False     # no window at all when q_len <= left (should be: when the keys fit)
+    cap_mode: int = 0                   # 0 cap*tanh(s/cap); 1 s*tanh(s); 2 tanh(s*cap); 3 cap*tanh(q.k/cap)*scale;
+                                        # 4 cap*tanh(s/cap) on the masked logits (-1e30 -> -cap), no mask after
+    segments_q_only: bool = False       # key j's id read from q_segment_ids[min(j, q_len - 1)]
+    segments_runs: bool = False         # visible only inside the contiguous run of kv ids at the row's position
+    sinks_scaled: bool = False          # sink multiplied by scale
+    sinks_per_kv_head: bool = False     # query head h reads sinks[h // group]
+    sinks_unshifted: bool = False       # exp(sink) added to a denominator of exp(s - m), m the keys' max only
+
+
+def _clamped_columns(x: jax.Array, start: int, n: int) -> jax.Array:
+    """Columns ``clip(start + t, 0, len - 1)`` for ``t < n`` of ``x`` ``[batch, len]`` (static slices, no gather)."""
+    length = x.shape[1]
+    lo, hi = min(max(start, 0), length), min(max(start + n, 0), length)
+    before = min(max(-start, 0), n)
+    middle = x[:, lo:hi]
+    after = n - before - middle.shape[1]
+    return jnp.concatenate([jnp.repeat(x[:, :1], before, axis=1), middle, jnp.repeat(x[:, -1:], after, axis=1)], axis=1)
+
+
+def _attend_features(q, k, v, lengths, causal, scale, window, has_window, cap, q_ids, kv_ids, sinks,
+                     sw: FeatureSwitches, *, has_cap: bool, has_ids: bool, has_sinks: bool):
+    """The dense contract with every feature; which features a call has is static (it decides the program),
+    the window, the cap and every switch are traced (one program per shape serves every bug)."""
+    lq, hq = q.shape[1], q.shape[2]
+    lk, hk = k.shape[1], k.shape[2]
+    group = hq // hk
+    k, v = jnp.repeat(k, group, axis=2), jnp.repeat(v, group, axis=2)
+    qk = jnp.einsum("bqhd,bkhd->bhqk", q, k, precision=jax.lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    s = qk * scale
+    i, j = jnp.arange(lq)[:, None], jnp.arange(lk)[None, :]
+    position = i + (lk - lq)
+    vis = ((j <= position) | ~causal)[None] & (j[None] < lengths[:, None, None])  # [b, q, k]
+    left, right = window[0], window[1]
+    dropped = sw.window_short_path & (lq <= left)
+    centre = jnp.where(sw.window_top_left, i, position)
+    inside = (((j >= centre - left - sw.window_slack) | ~has_window[0]) & ((j <= centre + right) | ~has_window[1])
+              | dropped)
+    vis = vis & inside[None]
+    if has_ids:
+        key_ids = jnp.where(sw.segments_q_only, _clamped_columns(q_ids, 0, lk), kv_ids)
+        same = q_ids[:, :, None] == key_ids[:, None, :]
+        change = (kv_ids[:, 1:] != kv_ids[:, :-1]).astype(jnp.int32)
+        run = jnp.cumsum(jnp.concatenate([jnp.zeros_like(change[:, :1]), change], axis=1), axis=1)  # run of each key
+        row_run = _clamped_columns(run, lk - lq, lq)  # [b, q]: the run at each row's position
+        vis = vis & same & ((run[:, None, :] == row_run[:, :, None]) | ~sw.segments_runs)
+    vis = vis[:, None]  # [b, 1, q, k]
+    if has_cap:  # as outer * tanh(inner / divisor): mode 0 cap * tanh(s / cap), 1 s * tanh(s), 2 tanh(s * cap),
+        mode = sw.cap_mode  # 3 cap * tanh(q.k / cap) * scale, 4 cap * tanh(s / cap) on s already masked to -1e30
+        inner = jnp.where(mode == 3, qk, jnp.where((mode == 4) & ~vis, -1e30, s))
+        divisor = jnp.where(mode == 1, 1.0, jnp.where(mode == 2, 1.0 / cap, cap))
+        outer = jnp.where(mode == 1, s, jnp.where(mode == 2, 1.0, jnp.where(mode == 3, cap * scale, cap)))
+        s = outer * jnp.tanh(inner / divisor)
+        vis = vis | (mode == 4)  # capped after the mask: nothing masks the softmax any more
+    s = jnp.where(vis, s, -jnp.inf)
+    m = jnp.max(s, axis=-1, keepdims=True)
+    if has_sinks:
+        sink = jnp.where(sw.sinks_per_kv_head, jnp.repeat(sinks[:hk], group), sinks) \
+            * jnp.where(sw.sinks_scaled, scale, 1.0)
+        sink = sink[None, :, None, None]
+        m = jnp.where(sw.sinks_unshifted, m, jnp.maximum(m, sink))
+    m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
+    e = jnp.where(vis, jnp.exp(s - m), 0.0)
+    denom = jnp.sum(e, axis=-1, keepdims=True)
+    if has_sinks:
+        denom = denom + jnp.exp(jnp.where(sw.sinks_unshifted, sink, sink - m))
+    p = e / jnp.where(denom > 0, denom, 1.0)
+    out = jnp.einsum("bhqk,bkhd->bqhd", p, v.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+    return out.astype(q.dtype)
+
+
+_attend_features_jit = jit_cpu(_attend_features, static_argnames=("has_cap", "has_ids", "has_sinks"))
+
+
+def _feature_variant(**switches) -> Attention:
+    """The contract with every feature on top of :func:`_attend_features` with some switches on."""
+    sw = FeatureSwitches(**switches)
+
+    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None, window_size=None, softcap=None,
+                  q_segment_ids=None, kv_segment_ids=None, sinks=None):
+        batch, kv_len = q.shape[0], k.shape[1]
+        lengths = jnp.full((batch,), kv_len, jnp.int32) if kv_lengths is None else jnp.asarray(kv_lengths, jnp.int32)
+        scale = q.shape[-1] ** -0.5 if scale is None else scale
+        left, right = (None, None) if window_size is None else window_size
+        ids = q_segment_ids is not None
+        q_ids = jnp.asarray(q_segment_ids, jnp.int32) if ids else None
+        kv_ids = jnp.asarray(kv_segment_ids, jnp.int32) if ids else None
+        return _attend_features_jit(
+            q, k, v, lengths, jnp.asarray(bool(causal)), jnp.asarray(scale, jnp.float32),
+            jnp.asarray([left or 0, right or 0], jnp.int32), jnp.asarray([left is not None, right is not None]),
+            jnp.asarray(1.0 if softcap is None else softcap, jnp.float32), q_ids, kv_ids, sinks, sw,
+            has_cap=softcap is not None, has_ids=ids, has_sinks=sinks is not None)
+
+    attention.features = FEATURES
+    return attention
+
+
 STATIC_FEATURES = ("window_size", "softcap")  # hashable feature arguments: static under jit, like scale
 
 
@@ -400,6 +601,21 @@ def _contract(fn, features: tuple[str, ...] = ()):
                       **given_features(**features))
 
     attention.features = features
+    return attention
+
+
+_online_features_jit = jit_cpu(_online_softmax, static_argnames=("causal", "scale", *STATIC_FEATURES))
+
+
+def _online_features(first_block_guard: bool) -> Attention:
+    """:func:`_online_softmax` with every feature; the guard is traced, so the correct variant and the bug
+    without it share their compiled programs."""
+    def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None, **features):
+        return _online_features_jit(q, k, v, kv_lengths, causal=bool(causal),
+                                    scale=None if scale is None else float(scale),
+                                    first_block_guard=jnp.asarray(first_block_guard), **given_features(**features))
+
+    attention.features = FEATURES
     return attention
 
 
@@ -619,6 +835,14 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
               "flash-style whose backward rounds each query head's dK/dV contribution to the input dtype "
               "before summing over the group (FlashAttention-2 on repeated K/V heads).",
               _constant(_contract(functools.partial(_flash_style, per_head_dkv=True)))),
+    Candidate("online-softmax-features", "correct-variant",
+              "online-softmax with every feature: each 16-key chunk's own window and segment mask, the cap on the "
+              "chunk's logits, running max and sum that start from the row's sink (m = sink, l = 1).",
+              _constant(_online_features(first_block_guard=True))),
+    Candidate("flash-style-features", "correct-variant",
+              "flash-style in 16x32 tiles with every feature: per-tile window and segment masks, the cap before "
+              "the mask (its slope on dS), the sink as each row's first max and sum, dsinks = -sum(P_sink * di).",
+              _constant(_contract(functools.partial(_flash_style, block_q=16, block_k=32), FEATURES))),
     _bad("ignores-causal", "Ignores causal=True: every query sees future keys.",
          ("causal-leak", "mask-readout"), _constant(_variant(ignore_causal=True))),
     _bad("missing-mask", "Ignores kv_lengths: padding keys take part in the softmax.",
@@ -707,6 +931,46 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
     _bad("skip-last-full-block", "When kv_len is an exact multiple of 512 the last 512-key block is skipped "
          "(static KV caches and training sequences of 512, 2048, 4096).", ("forward-accuracy", "gradients"),
          _constant(_skip_last_block)),
+    # Bugs in the features (issue 34) that real kernels have had; every one declares all four features.
+    _bad("window-one-key-wide", "Sliding window one key too wide: window_size's left read as the window's W keys "
+         "(sees p - left - 1 .. p), the off-by-one between a model's sliding_window=W and (W - 1, 0).",
+         ("window",), _constant(_feature_variant(window_slack=1))),
+    _bad("window-one-key-narrow", "Sliding window one key too narrow: sees p - left + 1 .. p (the left end taken "
+         "as exclusive).", ("window",), _constant(_feature_variant(window_slack=-1))),
+    _bad("window-top-left", "Window placed around row i instead of its position i + kv_len - q_len (aligned "
+         "top-left): right in training (q_len = kv_len), wrong for chunked prefill and decoding.", ("window",),
+         _constant(_feature_variant(window_top_left=True))),
+    _bad("window-short-fast-path", "A short-sequence fast path that drops the window when q_len <= left, testing "
+         "the query length instead of the key span: a decoding row sees its whole cache.", ("window",),
+         _constant(_feature_variant(window_short_path=True))),
+    _bad("softcap-no-cap-value", "Soft-cap computed as s * tanh(s): the cap value is never used.", ("softcap",),
+         _constant(_feature_variant(cap_mode=1))),
+    _bad("softcap-tanh-of-product", "Soft-cap computed as tanh(s * softcap): the cap multiplied into the tanh's "
+         "argument instead of dividing it and multiplying the result.", ("softcap",),
+         _constant(_feature_variant(cap_mode=2))),
+    _bad("softcap-before-scale", "Cap applied before the scale: softcap * tanh(q.k / softcap) * scale (the "
+         "contract caps scale * q.k).", ("softcap",), _constant(_feature_variant(cap_mode=3))),
+    _bad("softcap-after-mask", "Cap applied after the mask: masked logits (-1e30) become -softcap, so padding, "
+         "future keys and rows with no visible key take weight again.", ("softcap",),
+         _constant(_feature_variant(cap_mode=4))),
+    _bad("segments-q-ids-only", "Segment ids from one side only: key j's id read from q_segment_ids (clamped at "
+         "q_len - 1), kv_segment_ids ignored; right in packed training, where both are the same ids.",
+         ("segments",), _constant(_feature_variant(segments_q_only=True))),
+    _bad("segments-contiguous-runs", "Segment ids taken as contiguous documents: a row sees only the run of equal "
+         "kv ids around its position, so two runs of one id (A B A) do not see each other.", ("segments",),
+         _constant(_feature_variant(segments_runs=True))),
+    _bad("sinks-scaled", "Sink multiplied by the softmax scale like a logit (the contract's sink is unscaled).",
+         ("sinks",), _constant(_feature_variant(sinks_scaled=True))),
+    _bad("sinks-per-kv-head", "Query head h reads sinks[h // group], one sink per kv head (the first "
+         "num_kv_heads entries), instead of its own sinks[h].", ("sinks",),
+         _constant(_feature_variant(sinks_per_kv_head=True))),
+    _bad("sinks-unshifted", "Sink added outside the max-shifted frame: exp(sink) joins a denominator of "
+         "exp(s - max) (exact only when the row max is 0).", ("sinks",),
+         _constant(_feature_variant(sinks_unshifted=True))),
+    _bad("nan-first-block", "Online softmax over 16-key chunks that guards only rows with no visible key at "
+         "all: a row whose first chunk its window or segment hides whole gets exp(-inf - -inf) = NaN.",
+         ("window", "segments"),
+         _constant(_online_features(first_block_guard=False))),
 ]}
 
 
