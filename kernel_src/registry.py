@@ -54,9 +54,15 @@ class Implementation:
     options: tuple[tuple[str, Any], ...] = ()
 
     def load(self) -> Callable[..., Any]:
-        """The callable itself (imports its module now), with ``options`` bound."""
+        """The callable itself (imports its module now), with ``options`` bound; a bound one
+        keeps the features the callable declares (``kernel_src.contract.supports``)."""
         fn = _resolve(self.target)
-        return functools.partial(fn, **dict(self.options)) if self.options else fn
+        if not self.options:
+            return fn
+        bound = functools.partial(fn, **dict(self.options))
+        if hasattr(fn, "features"):
+            bound.features = fn.features
+        return bound
 
     def load_softmax(self) -> Callable[..., Any]:
         """The masked softmax of the ``softmax`` scope; ``ValueError`` if it has none."""

@@ -121,11 +121,12 @@ def _grid_steps(grid):
 def test_skipped_steps_issue_no_new_dma():
     """A pipelined input is fetched when its block index changes between consecutive steps.
 
-    Forward/dQ grids (batch, kv-head block, qi, ki): a skipped step repeats the previous step's
-    K/V block index, so only computing steps fetch K/V. dK/dV grid (batch, kv-head block, ki,
-    qi): every query-side fetch feeds a computing step, bar one per (batch, kv-head block)
-    whose key blocks all lie past its length. Each block holds one kv head here (the 8-chip
-    v5e layout's largest head block is all heads; one per step gives the most steps to check).
+    Forward/dQ grids (batch, kv-head block, qi, key step): a step past the query block's key
+    range repeats the previous step's K/V block index, so only computing steps fetch K/V. dK/dV
+    grid (batch, kv-head block, ki, query step): every query-side fetch feeds a computing step,
+    bar one per (batch, kv-head block) whose key blocks all lie past its length.
+    Each block holds one kv head here (the 8-chip v5e layout's largest head block is all heads;
+    one per step gives the most steps to check).
     """
     plan = flash_plan.Plan(q_len=500, kv_len=600, num_q_heads=4, num_kv_heads=2, causal=True,
                            scale=1.0, blocks=BLOCKS_128, variant="mosaic", interpret=True,
@@ -143,18 +144,21 @@ def test_skipped_steps_issue_no_new_dma():
             previous = block
         return fetches, computing
 
-    _, kv_map = flash_tpu.query_side_maps(plan, bq, bk)
+    walk = flash_tpu.Walk(plan, bq, bk, nq, nk, by_key=False)
+    assert walk.steps == nk  # causal without a window: the last query block needs every key block
+    _, kv_map = flash_tpu.query_side_maps(walk)
     fetches, computing = count(
-        (3, 2, nq, nk), kv_map,
-        lambda b, j, qi, ki: ki < int(flash_plan.num_key_blocks(qi, lengths[b], bq, bk, plan)))
+        (3, 2, nq, walk.steps), kv_map,
+        lambda b, j, qi, step: step < int(walk.count(b, qi, (lengths,))))
     steps = 3 * 2 * nq * nk
     assert computing < steps / 2  # causal + lengths skip more than half of this grid
     assert fetches <= computing + 3 * 2  # + the first step of each (batch, head block) with none
 
-    q_map, _ = flash_tpu.key_side_maps(plan, bq, bk, nq)
+    walk = flash_tpu.Walk(plan, bq, bk, nq, nk, by_key=True)
+    q_map, _ = flash_tpu.key_side_maps(walk)
     fetches, computing = count(
-        (3, 2, nk, nq), q_map,
-        lambda b, j, ki, qi: ki < int(flash_plan.num_key_blocks(qi, lengths[b], bq, bk, plan)))
+        (3, 2, nk, walk.steps), q_map,
+        lambda b, j, ki, step: step < int(walk.count(b, ki, (lengths,))))
     assert 0 < fetches <= computing + 3 * 2
 
 

@@ -9,6 +9,10 @@ except compiled under jax < 0.7 (``plan.mosaic_layout``): there they take the fr
 heads per step that ``plan.tpu_tiles`` fits to VMEM unless ``block_sizes`` is given.
 The Triton kernels see ``[batch, seq_pad, heads * head_dim]``, ``head_dim`` padded to a power of
 two (zeros change no logit and no kept output column).
+
+Every feature of the contract is supported and declared (``flash_attention.features``): the
+window and cap are static (part of the plan), segment ids and sinks are arrays. ``dsinks`` is
+computed outside the kernels from the saved log-sum-exp and ``di`` (``plan.sink_grads``).
 """
 
 from __future__ import annotations
@@ -21,44 +25,53 @@ import jax
 import jax.numpy as jnp
 
 from kernel_src import backend
-from kernel_src.contract import check_inputs, default_scale
+from kernel_src.contract import (FEATURES, Window, check_features, check_inputs, default_scale,
+                                 supports)
 from kernel_src.flash import gpu, tpu
 from kernel_src.flash.plan import (LANES, LAYOUTS, FlashBlockSizes, Layout, Plan, fit_blocks,
                                    mosaic_layout, next_power_of_two, round_up,
-                                   rows_view_is_free, tpu_tiles)
+                                   rows_view_is_free, sink_grads, tpu_tiles, window_span)
 
 Variant = Literal["mosaic", "triton"]
 _LOWERINGS = {"mosaic": tpu, "triton": gpu}
 _FAMILY = {"tpu": "mosaic", "gpu": "triton"}  # the kernels each compiled target takes
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q, k, v, lengths, plan: Plan):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _flash(q, k, v, lengths, ids, sinks, plan: Plan):
     if plan.variant == "mosaic":  # a forward-only call writes no log-sum-exp
-        return tpu.forward(q, k, v, lengths, plan, with_lse=False)[0]
-    return gpu.forward(q, k, v, lengths, plan)[0]
+        return tpu.forward(q, k, v, lengths, plan, ids, sinks, with_lse=False)[0]
+    return gpu.forward(q, k, v, lengths, plan, ids, sinks)[0]
 
 
-def _flash_fwd(q, k, v, lengths, plan: Plan):
-    out, lse = _LOWERINGS[plan.variant].forward(q, k, v, lengths, plan)
-    return out, (q, k, v, lengths, out, lse)
+def _flash_fwd(q, k, v, lengths, ids, sinks, plan: Plan):
+    out, lse = _LOWERINGS[plan.variant].forward(q, k, v, lengths, plan, ids, sinks)
+    return out, (q, k, v, lengths, ids, sinks, out, lse)
 
 
 def _flash_bwd(plan: Plan, residuals, do):
-    q, k, v, lengths, out, lse = residuals
-    dq, dk, dv = _LOWERINGS[plan.variant].backward(q, k, v, lengths, out, lse,
-                                                   do.astype(q.dtype), plan)
-    return dq, dk, dv, None
+    q, k, v, lengths, ids, sinks, out, lse = residuals
+    dq, dk, dv, di = _LOWERINGS[plan.variant].backward(q, k, v, lengths, out, lse,
+                                                       do.astype(q.dtype), plan, ids)
+    dsinks = None
+    if sinks is not None:  # lse and di: [batch, hq, 1, q_pad] (Mosaic), [batch, hk, group, q_pad]
+        rows = (lse.shape[0], plan.num_q_heads, lse.shape[-1])
+        dsinks = sink_grads(sinks, lse.reshape(rows), di.reshape(rows),
+                            plan.q_len).astype(sinks.dtype)
+    return dq, dk, dv, None, None, dsinks
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
 @functools.partial(jax.jit, static_argnames=("causal", "scale", "block_sizes", "interpret",
-                                             "variant", "kv_heads_per_step", "layout"))
-def _flash_attention(q, k, v, kv_lengths, *, causal: bool, scale: float,
-                     block_sizes: FlashBlockSizes, interpret: Any, variant: str,
-                     kv_heads_per_step: int | None = None, layout: Layout = "heads"):
+                                             "variant", "kv_heads_per_step", "layout",
+                                             "window", "softcap"))
+def _flash_attention(q, k, v, kv_lengths, q_segment_ids=None, kv_segment_ids=None, sinks=None, *,
+                     causal: bool, scale: float, block_sizes: FlashBlockSizes, interpret: Any,
+                     variant: str, kv_heads_per_step: int | None = None, layout: Layout = "heads",
+                     window: tuple[int | None, int | None] | None = None,
+                     softcap: float | None = None):
     batch, q_len, hq, d = q.shape
     _, kv_len, hk, _ = k.shape
     compiled = not interpret
@@ -69,8 +82,10 @@ def _flash_attention(q, k, v, kv_lengths, *, causal: bool, scale: float,
         d_pad = max(16, next_power_of_two(d))
     else:  # a flat Mosaic head is a lane window: whole 128-lane tiles
         d_pad = round_up(d, LANES) if flat_heads and d % LANES and max(hq, hk) > 1 else d
+    segments = q_segment_ids is not None
     plan = Plan(q_len, kv_len, hq, hk, causal, scale, blocks, variant, interpret,
-                kv_heads_per_step, layout, d_pad if flat_heads and variant == "mosaic" else None)
+                kv_heads_per_step, layout, d_pad if flat_heads and variant == "mosaic" else None,
+                window=window, softcap=softcap, segments=segments, sinks=sinks is not None)
 
     q_multiple = math.lcm(blocks.block_q, blocks.block_q_dq, blocks.block_q_dkv)
     kv_multiple = math.lcm(blocks.block_k, blocks.block_k_dq, blocks.block_k_dkv)
@@ -88,15 +103,25 @@ def _flash_attention(q, k, v, kv_lengths, *, causal: bool, scale: float,
         lengths = jnp.full((batch,), kv_len, jnp.int32)
     else:
         lengths = jnp.clip(kv_lengths, 0, kv_len).astype(jnp.int32)
+    ids = None
+    if segments:  # padded positions are masked by q_len, kv_len: any id
+        ids = (jnp.pad(q_segment_ids.astype(jnp.int32), ((0, 0), (0, q_pad - q_len))),
+               jnp.pad(kv_segment_ids.astype(jnp.int32), ((0, 0), (0, kv_pad - kv_len))))
+    if sinks is not None:
+        sinks = sinks.astype(jnp.float32)
     if variant == "triton":  # a Triton block must have a power-of-two size
         lengths = jnp.pad(lengths, (0, next_power_of_two(batch) - batch))
-    out = _flash(view(q, q_pad), view(k, kv_pad), view(v, kv_pad), lengths, plan)
+    out = _flash(view(q, q_pad), view(k, kv_pad), view(v, kv_pad), lengths, ids, sinks, plan)
     out = out.reshape(batch, q_pad, hq, d_pad)
     return out if (q_pad, d_pad) == (q_len, d) else out[:, :q_len, :, :d]
 
 
+@supports(*FEATURES)
 def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = False,
                     kv_lengths: jax.Array | None = None, scale: float | None = None,
+                    window_size: Window | None = None, softcap: float | None = None,
+                    q_segment_ids: jax.Array | None = None,
+                    kv_segment_ids: jax.Array | None = None, sinks: jax.Array | None = None,
                     block_sizes: FlashBlockSizes | None = None, interpret: Any = None,
                     variant: Variant | None = None, layout: Layout | None = None) -> jax.Array:
     """Fused grouped-query attention (the candidate contract), differentiable, in Pallas.
@@ -109,6 +134,14 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
       kv_lengths: optional int ``[batch]``; keys at or past ``kv_lengths[b]`` are padding
         (values are clipped to ``[0, kv_len]``).
       scale: logit scale, ``head_dim ** -0.5`` by default.
+      window_size: ``(left, right)``, ints >= 0 or None: row ``i`` at position
+        ``p = i + kv_len - q_len`` sees keys ``p - left <= j <= p + right``; key blocks outside
+        every row's window of a query block are never read.
+      softcap: float > 0: logits become ``softcap * tanh(scale * q.k / softcap)`` before masking.
+      q_segment_ids, kv_segment_ids: int ``[batch, q_len]`` and ``[batch, kv_len]``: a row sees
+        only keys of its id; key blocks whose id range meets no row's of a query block are skipped.
+      sinks: fp32 ``[num_q_heads]``: one unscaled, uncapped logit per query head in each row's
+        softmax denominator (no value); differentiable.
       block_sizes: tiles; by default ``FlashBlockSizes.for_platform(target)`` of each target.
       interpret: ``None``: chosen when lowered (``kernel_src.backend.per_platform``): interpret
         mode on CPU, Mosaic on TPU, Triton on GPU. ``False``: compiled only (lowering for CPU
@@ -126,6 +159,12 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
       exact zeros, and so are their gradients.
     """
     dims = check_inputs(q, k, v, kv_lengths)
+    window = check_features(dims, window_size=window_size, softcap=softcap,
+                            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+                            sinks=sinks)
+    if window == (None, None):
+        window = None
+    softcap = None if softcap is None else float(softcap)
     scale = default_scale(dims.head_dim, scale)
     if variant not in (None, "mosaic", "triton"):
         raise ValueError(f"variant must be 'mosaic' or 'triton', got {variant!r}")
@@ -150,7 +189,8 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
         if compiled and family == "mosaic":  # tiles and heads per step fitted to VMEM
             tiles, heads = tpu_tiles(dims.q_len, dims.kv_len, dims.num_q_heads,
                                      dims.num_kv_heads, dims.head_dim, q.dtype.itemsize,
-                                     layout=chosen)
+                                     layout=chosen, span=window_span(window, bool(causal)),
+                                     segments=q_segment_ids is not None)
             blocks = block_sizes or tiles
         try:
             fit_blocks(blocks, dims.q_len, dims.kv_len, family, compiled)
@@ -158,7 +198,8 @@ def flash_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: bool = 
             raise backend.Unsupported(str(error)) from None
         return functools.partial(_flash_attention, causal=bool(causal), scale=scale,
                                  block_sizes=blocks, interpret=interpret, variant=family,
-                                 kv_heads_per_step=heads, layout=chosen)
+                                 kv_heads_per_step=heads, layout=chosen, window=window,
+                                 softcap=softcap)
 
     return backend.per_platform(build, interpret, jax.ShapeDtypeStruct(q.shape, q.dtype),
-                                q, k, v, kv_lengths)
+                                q, k, v, kv_lengths, q_segment_ids, kv_segment_ids, sinks)

@@ -1,14 +1,29 @@
 """What every flash lowering shares: block sizes, the call's plan, block skipping, online softmax.
 
-Block skipping. Key block ``ki`` is needed by query block ``qi`` iff it holds a key some row of
-``qi`` may see (bottom-right causal, ``kv_lengths``). The needed blocks are always a prefix
-``[0, n(qi))``; symmetrically the query blocks needing key block ``ki`` are a suffix.
+Block skipping. Key block ``ki`` is needed by query block ``qi`` iff it holds a key some real row
+of ``qi`` may see (bottom-right causal, ``kv_lengths``, the window). Those blocks are a range
+``[lo, hi)`` (``key_block_range``: a prefix without a left window bound), and symmetrically the
+query blocks needing key block ``ki`` are a range (``query_block_range``). A grid or loop walks
+only that range: its static length (``max_key_steps``) is the widest range over the query blocks,
+so a 4,096-key window over 32k keys has about an eighth of the key steps of the plain grid. With
+segment ids the blocks are further thinned by each block's id range (``needed_key_blocks``:
+the minimum and maximum id of every block, computed outside the kernels; two blocks whose ranges
+do not overlap cannot hold an equal pair), which is exact for packed documents (sorted ids).
+
+Features (``kernel_src.contract``): the window and segment ids are part of each tile's mask
+(``visible_tile``); the soft-cap is applied to the logits (``logits``) and its slope
+``1 - tanh^2`` to ``dS`` in the backward; a sink starts each row's running max and sum
+(``initial_stats``: ``m = sink``, ``l = 1``), so it joins the denominator in the max-shifted frame
+and, being no key, contributes no value; ``dsinks`` comes from the log-sum-exp and ``di``
+(``sink_grads``).
 
 Numerics. Logits, running max, running sum and the output accumulator are fp32; probabilities
 are rounded to the input dtype before ``P·V`` (the contract allows it). The forward keeps the fp32
 log-sum-exp; the backward recomputes ``P = exp(S - lse)`` and uses ``di = rowsum(dO ⊙ O)``.
-A row with no visible key has ``l == 0``: its output is exactly 0, its log-sum-exp ``+inf``, so
-its recomputed probabilities and all its gradients are exactly 0.
+A row with no visible key accumulates nothing (every probability of its tiles is masked to 0),
+so its output is exactly 0 and, its probabilities being masked in the backward too, so are its
+gradients; without a sink it has ``l == 0`` and its log-sum-exp is ``+inf``, with one ``l = 1``
+and the log-sum-exp is the sink. Padded query rows (past ``q_len``) see no key.
 
 The block maths takes a ``widen(stat, width)`` that turns row statistics into ``[rows, width]``:
 Mosaic keeps them lane-replicated ``[rows, 128]`` (``kernel_src.flash.tpu``), Triton as
@@ -22,6 +37,7 @@ from typing import Any, Callable, Literal
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from kernel_src import backend
@@ -121,6 +137,24 @@ class Plan:
     kv_heads_per_step: int | None = None  # Mosaic: kv heads one grid step holds; None = all
     layout: Layout = "heads"  # how the Mosaic kernels see the heads (Triton: always flat)
     flat_head_dim: int | None = None  # layout "flat": the (lane-padded) d of one head
+    window: tuple[int | None, int | None] | None = None  # (left, right) keys around a row's position
+    softcap: float | None = None  # logits become softcap * tanh(s / softcap)
+    segments: bool = False  # segment ids given: masks and block tables use them
+    sinks: bool = False  # one sink logit per query head
+
+    @property
+    def offset(self) -> int:
+        """A query row's position minus its index (bottom-right alignment)."""
+        return self.kv_len - self.q_len
+
+    @property
+    def reach(self) -> tuple[int | None, int | None]:
+        """``(left, right)``: how far before and after its position a row may see, None for no
+        bound; ``causal`` is a right bound of 0."""
+        left, right = self.window or (None, None)
+        if self.causal:
+            right = 0
+        return left, right
 
     @property
     def group(self) -> int:
@@ -213,7 +247,8 @@ def phase_budget(phase: str, layout: Layout, budget: int) -> int:
 
 
 def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: int,
-                  head_dim: int, itemsize: int, layout: Layout = "heads") -> int:
+                  head_dim: int, itemsize: int, layout: Layout = "heads",
+                  segments: bool = False) -> int:
     """Bytes of VMEM one grid step of ``phase`` (``fwd``, ``dq``, ``dkv``) needs: its blocks
     twice (double buffering), its fp32 scratch, and about four fp32 ``[block_q, block_k]`` tiles
     of intermediates (scores, probabilities, their gradients).
@@ -230,6 +265,9 @@ def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: 
     query head besides (counted as 2). Estimated / reserved: 61.0 / 58.2 MiB at 32 / 8 heads,
     512 x 256 tiles; 62.0 / 57.8 MiB at 8 of 16 / 16 heads per step, 2048 x 128. dQ and dK/dV
     keep the padded count: there the compiler reserved 26-31 MiB where it says 39-47.
+
+    ``segments``: the id blocks besides (int32 lane-replicated ``[rows, 128]`` on the outer side,
+    a ``[1, rows]`` row of 8 sublanes on the inner one, twice each) and the widened ids of a tile.
     """
     q_heads = kv_heads * group
     sublanes = _SUBLANES * max(1, 4 // itemsize) if layout == "heads" else 1
@@ -252,6 +290,10 @@ def vmem_estimate(phase: str, block_q: int, block_k: int, kv_heads: int, group: 
         scratch += (1 if phase == "fwd" else 2) * q_tile + 2 * kv_tile
     if calibrated:  # the log-sum-exp's lane-replicated temporaries
         scratch += 2 * lanes
+    if segments:
+        outer, inner = (block_k, block_q) if phase == "dkv" else (block_q, block_k)
+        blocks += outer * LANES * 4 + _SUBLANES * inner * 4
+        scratch += block_q * block_k * 4
     return 2 * blocks + scratch + 4 * block_q * block_k * 4
 
 
@@ -262,9 +304,22 @@ def _head_blocks(num_kv_heads: int, group: int) -> list[int]:
             and (h == num_kv_heads or (h % _SUBLANES == 0 and h * group % _SUBLANES == 0))]
 
 
+def window_span(window: tuple[int | None, int | None] | None, causal: bool) -> int | None:
+    """Keys one row may see at most under ``window`` (None: unbounded)."""
+    if window is None or window[0] is None or (window[1] is None and not causal):
+        return None
+    return window[0] + 1 + (0 if causal else window[1])
+
+
+# A window's span over this many tiles at least: the keys a query block reads beyond its rows'
+# windows (about a tile on each side) stay about 1/8 of what it reads.
+WINDOW_TILES = 8
+
+
 def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
               itemsize: int, budget: int | None = None,
-              layout: Layout | None = None) -> tuple[FlashBlockSizes, int]:
+              layout: Layout | None = None, span: int | None = None,
+              segments: bool = False) -> tuple[FlashBlockSizes, int]:
     """``(blocks, kv heads per step)`` for compiled Mosaic: per phase the tiles whose
     ``vmem_estimate`` fits ``budget`` (``vmem_limits()``'s when ``None``) with the longest outer
     block (the query block of the forward and dQ, the key block of dK/dV: each K/V (resp. Q, dO)
@@ -275,11 +330,16 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
     floor; the forward of the "heads" layout may take 2048 query rows within its own room
     (``phase_budget``), and no tile of that layout exceeds ``MAX_TILE_AREA`` nor, in dQ and dK/dV,
     ``BACKWARD_INNER_ROWS`` inner rows. ``layout``:
-    ``mosaic_layout``'s when ``None``."""
+    ``mosaic_layout``'s when ``None``. ``span`` (``window_span``): with a window, no tile is longer
+    than ``span / WINDOW_TILES`` (128 at least), so each block reads little past its rows' windows.
+    ``segments``: the id blocks count too (``vmem_estimate``)."""
     group = num_q_heads // num_kv_heads
     budget = vmem_limits()[1] if budget is None else budget
     layout = layout or mosaic_layout(num_q_heads, num_kv_heads, head_dim)
     q_cap, kv_cap = round_up(max(q_len, 1), LANES), round_up(max(kv_len, 1), LANES)
+    if span is not None:
+        longest = max([t for t in TILE_CHOICES if t <= span // WINDOW_TILES] or [LANES])
+        q_cap, kv_cap = min(q_cap, longest), min(kv_cap, longest)
     best = None
     head_blocks = [num_kv_heads] if layout == "rows" else _head_blocks(num_kv_heads, group)
     for heads in head_blocks:
@@ -295,7 +355,7 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
                 pairs = [t for t in pairs if t[0] * t[1] <= MAX_TILE_AREA and t[1 - outer] <= inner]
             room = phase_budget(phase, layout, budget)
             fits = [t for t in pairs if vmem_estimate(phase, *t, heads, group, head_dim,
-                                                      itemsize, layout) <= room]
+                                                      itemsize, layout, segments) <= room]
             chosen.append(fits[0] if fits else pairs[-1])
         outers = [chosen[0][0], chosen[1][0], chosen[2][1]]
         score = (min(outers), sum(outers), min(bq * bk for bq, bk in chosen))
@@ -306,59 +366,201 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
 
 
 # --------------------------------------------------------------------------------------------
-# Block skipping: which key blocks a query block needs (shared by every kernel and index map).
-# Integer division is lax.div on non-negative values: Mosaic lowers `//` on traced ints via sign().
+# Block skipping: which key blocks a query block needs and which query blocks a key block needs
+# (shared by every kernel, index map and table). Each function takes Python ints, NumPy arrays or
+# traced int32 scalars alike. Integer division is lax.div on non-negative values: Mosaic lowers
+# `//` on traced ints via sign().
 
 
-def num_key_blocks(qi, length, block_q: int, block_k: int, plan: Plan):
-    """``n``: key blocks ``[0, n)`` hold a key visible to some row of query block ``qi``."""
-    end = length
-    if plan.causal:
-        end = jnp.minimum(end, (qi + 1) * block_q + (plan.kv_len - plan.q_len))
-    return lax.div(jnp.maximum(end, 0) + (block_k - 1), block_k)
+def _div(x, d: int):
+    return lax.div(x, jnp.asarray(d, jnp.asarray(x).dtype))
 
 
-def first_query_block(ki, block_q: int, block_k: int, num_q_blocks: int, plan: Plan):
-    """First query block needing key block ``ki``; all later ones do too, if ``ki`` is in range."""
-    if not plan.causal:
-        return 0
-    first = lax.div(jnp.maximum(ki * block_k - (plan.kv_len - plan.q_len), 0), block_q)
-    return jnp.minimum(first, num_q_blocks - 1)
+def key_block_range(qi, length, block_q: int, block_k: int, plan: Plan):
+    """``(lo, hi)``: key blocks ``[lo, hi)`` hold every key a real row of query block ``qi`` may
+    see (bottom-right causal, ``length``, the window); ``hi == lo`` when they hold none."""
+    left, right = plan.reach
+    first = qi * block_q  # the block's first row, and its last real one
+    last = jnp.minimum((qi + 1) * block_q, plan.q_len) - 1
+    start = jnp.zeros_like(jnp.asarray(first))
+    if left is not None:
+        start = jnp.maximum(first + plan.offset - left, 0)
+    end = jnp.minimum(length, plan.kv_len)
+    if right is not None:
+        end = jnp.minimum(end, last + plan.offset + right + 1)
+    empty = (last < first) | (end <= start)
+    lo = _div(start, block_k)
+    hi = _div(jnp.maximum(end, 0) + (block_k - 1), block_k)
+    return lo, jnp.where(empty, lo, hi)
 
 
-def key_in_range(ki, length, block_k: int):
-    return ki * block_k < length
+def query_block_range(ki, length, block_q: int, block_k: int, plan: Plan):
+    """``(lo, hi)``: query blocks ``[lo, hi)`` hold every real row that may see a key of key block
+    ``ki`` (none past ``length``); ``hi == lo`` (the last real query block) when they hold none."""
+    left, right = plan.reach
+    first = ki * block_k  # the block's first key, and its last one before the length
+    last = jnp.minimum(jnp.minimum((ki + 1) * block_k, length), plan.kv_len) - 1
+    start = jnp.zeros_like(jnp.asarray(first))
+    if right is not None:  # row i sees key j only if j <= i + offset + right
+        start = jnp.maximum(first - plan.offset - right, 0)
+    end = jnp.full_like(jnp.asarray(first), plan.q_len)
+    if left is not None:  # and only if j >= i + offset - left
+        end = jnp.minimum(end, last - plan.offset + left + 1)
+    empty = (last < first) | (end <= start)
+    lo = _div(start, block_q)
+    hi = _div(jnp.maximum(end, 0) + (block_q - 1), block_q)
+    # none: the last real query block, where a causal walk ends, so the key blocks past the length
+    # that follow it re-use its tiles (no new DMA)
+    none = (max(plan.q_len, 1) - 1) // block_q
+    return jnp.where(empty, none, lo), jnp.where(empty, none, hi)
+
+
+def range_steps(lo, hi):
+    """Blocks in ``[lo, hi)``: the computing steps of a walk over it."""
+    return jnp.maximum(hi - lo, 0)
+
+
+def range_block(lo, hi, step, num_blocks: int):
+    """The block step ``step`` of a walk over ``[lo, hi)`` reads: ``lo + step``, and the last
+    block of the range for the steps past it (so they fetch nothing new), within the array."""
+    last = jnp.maximum(range_steps(lo, hi) - 1, 0)
+    return jnp.clip(lo + jnp.minimum(step, last), 0, num_blocks - 1)
+
+
+def max_key_steps(block_q: int, block_k: int, num_q_blocks: int, num_k_blocks: int,
+                  plan: Plan) -> int:
+    """The widest key range over the query blocks (every key valid): the static length of a key
+    walk. ``num_k_blocks`` without a window bound; about ``(left + right + block_q) / block_k``
+    with one."""
+    with jax.ensure_compile_time_eval():  # concrete even while a caller is being traced
+        lo, hi = key_block_range(np.arange(num_q_blocks), plan.kv_len, block_q, block_k, plan)
+        widest = int(np.max(np.asarray(range_steps(lo, hi)), initial=0))
+    return max(1, min(num_k_blocks, widest))
+
+
+def max_query_steps(block_q: int, block_k: int, num_q_blocks: int, num_k_blocks: int,
+                    plan: Plan) -> int:
+    """The widest query range over the key blocks: the static length of a query walk."""
+    with jax.ensure_compile_time_eval():
+        lo, hi = query_block_range(np.arange(num_k_blocks), plan.kv_len, block_q, block_k, plan)
+        widest = int(np.max(np.asarray(range_steps(lo, hi)), initial=0))
+    return max(1, min(num_q_blocks, widest))
 
 
 def whole_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan):
     """True when every (query, key) pair of the tile is visible and no query row is padding:
-    no mask cuts it, so its kernels may skip the iota compares and ``where``s."""
+    no mask cuts it, so its kernels may skip the iota compares and ``where``s. Never with segment
+    ids (a tile's ids are not known here)."""
+    if plan.segments:
+        return False
+    left, right = plan.reach
     key_end = (ki + 1) * block_k
     whole = (key_end <= length) & ((qi + 1) * block_q <= plan.q_len)
-    if plan.causal:  # the tile's last key is visible to its first row
-        whole = whole & (key_end - 1 <= qi * block_q + (plan.kv_len - plan.q_len))
+    if right is not None:  # the tile's last key is visible to its first row
+        whole = whole & (key_end - 1 <= qi * block_q + plan.offset + right)
+    if left is not None:  # and its first key to its last row
+        whole = whole & (ki * block_k >= (qi + 1) * block_q - 1 + plan.offset - left)
     return whole
 
 
 def visible_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan,
-                 transposed: bool = False):
+                 transposed: bool = False, q_ids=None, kv_ids=None):
     """``[block_q, block_k]`` visibility of one (query block, key block) tile, from iotas;
-    ``[block_k, block_q]`` if ``transposed``."""
+    ``[block_k, block_q]`` if ``transposed``. ``q_ids``, ``kv_ids``: the rows' and keys' segment
+    ids, broadcasting against the tile (``plan.segments``). Padded query rows see no key."""
     shape, q_axis = ((block_k, block_q), 1) if transposed else ((block_q, block_k), 0)
     q_pos = qi * block_q + lax.broadcasted_iota(jnp.int32, shape, q_axis)
     k_pos = ki * block_k + lax.broadcasted_iota(jnp.int32, shape, 1 - q_axis)
-    return visible(q_pos, k_pos, plan.q_len, plan.kv_len, plan.causal, length)
+    ok = visible(q_pos, k_pos, plan.q_len, plan.kv_len, plan.causal, length, plan.window,
+                 q_ids, kv_ids)
+    if plan.q_len % block_q:  # a partly padded query block exists (wholly padded ones never run)
+        ok = ok & (q_pos < plan.q_len)
+    return ok
+
+
+# --------------------------------------------------------------------------------------------
+# Segment ids: per-block id ranges and the tables of needed blocks (XLA, outside the kernels).
+
+_ID_MAX, _ID_MIN = np.iinfo(np.int32).max, np.iinfo(np.int32).min
+
+
+def block_id_bounds(ids, valid_len: int, block: int):
+    """``(min, max)`` int32 ``[batch, blocks]`` of the ids of each block of ``ids``
+    (``[batch, pad]``), positions from ``valid_len`` on left out (a block of none: max < min)."""
+    batch, pad = ids.shape
+    valid = jnp.arange(pad)[None, :] < valid_len
+    lo = jnp.where(valid, ids, _ID_MAX).reshape(batch, pad // block, block).min(axis=-1)
+    hi = jnp.where(valid, ids, _ID_MIN).reshape(batch, pad // block, block).max(axis=-1)
+    return lo, hi
+
+
+def needed_blocks(lengths, q_ids, kv_ids, block_q: int, block_k: int, plan: Plan,
+                  by_key: bool = False):
+    """Bool ``[batch, query blocks, key blocks]`` (``by_key``: ``[batch, key blocks, query
+    blocks]``): the pair is in its range (``key_block_range``, or ``query_block_range`` by key)
+    and, with segment ids (``[batch, q_pad]``, ``[batch, kv_pad]``), the two blocks' id ranges
+    overlap."""
+    nq, nk = q_ids.shape[1] // block_q, kv_ids.shape[1] // block_k
+    length = lengths[:, None, None]
+    if by_key:
+        ki, qi = jnp.arange(nk)[None, :, None], jnp.arange(nq)[None, None, :]
+        lo, hi = query_block_range(ki, length, block_q, block_k, plan)
+        need = (qi >= lo) & (qi < hi)
+    else:
+        qi, ki = jnp.arange(nq)[None, :, None], jnp.arange(nk)[None, None, :]
+        lo, hi = key_block_range(qi, length, block_q, block_k, plan)
+        need = (ki >= lo) & (ki < hi)
+    q_lo, q_hi = block_id_bounds(q_ids, plan.q_len, block_q)
+    k_lo, k_hi = block_id_bounds(kv_ids, plan.kv_len, block_k)
+    if by_key:
+        q_lo, q_hi, k_lo, k_hi = q_lo[:, None, :], q_hi[:, None, :], k_lo[:, :, None], k_hi[:, :, None]
+    else:
+        q_lo, q_hi, k_lo, k_hi = q_lo[:, :, None], q_hi[:, :, None], k_lo[:, None, :], k_hi[:, None, :]
+    return need & (q_lo <= k_hi) & (k_lo <= q_hi)
+
+
+def block_table(needed, steps: int):
+    """``(table, count)`` of a bool ``[batch, outer, inner]``: int32 ``[batch, outer, steps]``
+    holding each outer block's needed inner blocks in increasing order, then its last needed block
+    again (block 0 if none), and int32 ``[batch, outer]`` how many are needed (at most ``steps``)."""
+    inner = needed.shape[-1]
+    index = jnp.arange(inner, dtype=jnp.int32)
+    order = jnp.sort(jnp.where(needed, index, inner + index), axis=-1) % inner
+    count = jnp.sum(needed, axis=-1, dtype=jnp.int32)
+    order = order[..., :steps]
+    last = jnp.take_along_axis(order, jnp.maximum(count - 1, 0)[..., None], axis=-1)
+    table = jnp.where(jnp.arange(steps) < count[..., None], order, last)
+    return table.astype(jnp.int32), count
 
 
 # --------------------------------------------------------------------------------------------
 # Online softmax and its backward, on one (query block, key block) tile.
 
 
-def scores(q, k, mask, scale: float):
-    """Masked, scaled fp32 logits ``[block_q, block_k]`` (masked entries ``-inf``); ``mask``
-    ``None`` for a tile no mask cuts."""
-    s = lax.dot_general(q, k, TRANS_B, preferred_element_type=F32) * scale
+def logits(q, k, plan: Plan):
+    """``(s, t)``: fp32 logits ``[rows of q, rows of k]``, scaled and soft-capped, and the
+    cap's ``tanh`` (for its slope in the backward; None without a cap)."""
+    s = lax.dot_general(q, k, TRANS_B, preferred_element_type=F32) * plan.scale
+    if plan.softcap is None:
+        return s, None
+    t = jnp.tanh(s / plan.softcap)
+    return plan.softcap * t, t
+
+
+def scores(q, k, mask, plan: Plan):
+    """Masked, scaled (capped) fp32 logits ``[block_q, block_k]`` (masked entries ``-inf``);
+    ``mask`` ``None`` for a tile no mask cuts."""
+    s, _ = logits(q, k, plan)
     return s if mask is None else jnp.where(mask, s, -jnp.inf)
+
+
+def initial_stats(sink, shape):
+    """Running max and sum before the first key block: ``-inf`` and 0, or with a sink (a scalar)
+    ``m = sink`` and ``l = exp(sink - m) = 1`` (0 for a sink of ``-inf``)."""
+    if sink is None:
+        return jnp.full(shape, -jnp.inf, F32), jnp.zeros(shape, F32)
+    m = jnp.full(shape, sink, F32)
+    return m, jnp.where(m == -jnp.inf, 0.0, 1.0).astype(F32)
 
 
 def online_softmax_step(s, v, m_prev, l_prev, acc_prev, widen: Widen):
@@ -380,12 +582,31 @@ def finish(m, l, acc, widen: Widen):
     return out, jnp.where(empty, jnp.inf, m + jnp.log(l_safe))
 
 
-def score_grads(q, k, v, do, lse, di, mask, scale: float, widen: Widen):
-    """Recomputed probabilities ``P`` and logit gradients ``dS`` (scale folded in), fp32;
-    ``mask`` ``None`` for a tile no mask cuts."""
-    s = lax.dot_general(q, k, TRANS_B, preferred_element_type=F32) * scale
+def score_grads(q, k, v, do, lse, di, mask, plan: Plan, widen: Widen):
+    """Recomputed probabilities ``P`` and logit gradients ``dS`` (the cap's slope and the scale
+    folded in), fp32, ``[rows of q, rows of k]``; ``mask`` ``None`` for a tile no mask cuts.
+    ``widen(stat, width)`` turns ``lse`` and ``di`` into that shape."""
+    s, t = logits(q, k, plan)
     width = s.shape[1]
     p = jnp.exp(s - widen(lse, width))
     p = p if mask is None else jnp.where(mask, p, 0.0)
     dp = lax.dot_general(do, v, TRANS_B, preferred_element_type=F32)
-    return p, p * (dp - widen(di, width)) * scale
+    return p, logit_grads(p, dp, widen(di, width), t, plan)
+
+
+def logit_grads(p, dp, di, t, plan: Plan):
+    """``dS = P ⊙ (dP - di)`` through the cap's slope ``1 - tanh^2`` (``t``: ``logits``'s) and
+    the scale: the gradient of the unscaled ``q·k``."""
+    ds = p * (dp - di)
+    if t is not None:
+        ds = ds * (1.0 - t * t)
+    return ds * plan.scale
+
+
+def sink_grads(sinks, lse, di, q_len: int):
+    """``dsinks`` fp32 ``[heads]`` from the log-sum-exp (sink included) and ``di = rowsum(dO ⊙ O)``,
+    both fp32 ``[batch, heads, q_pad]``: ``-sum over rows of exp(sink - lse) * di`` (the sink's
+    probability times ``d lse / d sink``'s share of each row's loss)."""
+    lse, di = lse[:, :, :q_len], di[:, :, :q_len]
+    p_sink = jnp.exp(sinks.astype(F32)[None, :, None] - lse)
+    return -jnp.sum(p_sink * di, axis=(0, 2))

@@ -16,10 +16,18 @@ log-sum-exp and ``di`` that go through HBM are lane-dense fp32 ``[batch, heads, 
 float per row). The dQ kernel computes ``di = rowsum(dO ⊙ O)`` itself (reading ``O`` once per
 query block) and writes it for the dK/dV kernel, which computes the transposed scores ``K·Qᵀ``
 directly, so those rows broadcast along its lanes and neither ``P`` nor ``dS`` is transposed.
-A skipped grid step computes nothing (``pl.when``) and its index maps repeat the block of a
+The last grid axis walks only the blocks an outer block needs (``Walk``): a range of them,
+starting where a window starts, whose static length is the widest such range, or with segment
+ids a scalar-prefetched table of the blocks whose id ranges overlap. A step past what its outer
+block needs computes nothing (``pl.when``) and its index maps repeat the block of the last
 computing step, so the pipeline issues no new DMA for it (the trick of JAX's flash and splash
 kernels); a tile no mask cuts (``whole_tile``) skips the iota compares and ``where``s.
-``kv_lengths`` arrive by scalar prefetch (SMEM) for the index maps.
+``kv_lengths`` (and the tables, and the sinks) arrive by scalar prefetch (SMEM).
+
+Features: the window and segment ids are in the tiles' masks (segment ids as int32 blocks, the
+outer side's lane-replicated ``[rows, 128]``, the inner side's a ``[1, rows]`` row, as in JAX's
+splash attention), the soft-cap in the logits (``plan.logits``) and its slope in ``dS``; each
+query head's sink starts its rows' running max and sum (``plan.initial_stats``).
 """
 
 from __future__ import annotations
@@ -35,10 +43,12 @@ from jax.experimental.pallas import tpu as pltpu
 
 from kernel_src import backend
 from kernel_src.flash.heads import WORD, Heads, needs_words
-from kernel_src.flash.plan import (F32, LANES, TRANS_B, Plan, finish,
-                                   first_query_block, key_in_range, num_key_blocks,
-                                   online_softmax_step, score_grads, scores, visible_tile,
-                                   vmem_limits, whole_tile)
+from kernel_src.flash.plan import (F32, LANES, TRANS_B, Plan, block_table, finish,
+                                   initial_stats, key_block_range, logit_grads, logits,
+                                   max_key_steps, max_query_steps, needed_blocks,
+                                   online_softmax_step, query_block_range, range_block,
+                                   range_steps, score_grads, scores, visible_tile, vmem_limits,
+                                   whole_tile)
 
 def _lanes(x: jax.Array, width: int) -> jax.Array:
     """Lane-replicated row statistics ``[rows, 128]`` as ``[rows, width]``."""
@@ -66,7 +76,9 @@ def _column(x: jax.Array) -> jax.Array:
 def _cut(x: jax.Array, whole, visible: Callable[[], jax.Array], fill: float) -> jax.Array:
     """``x`` with ``fill`` where the tile's mask (``visible()``) is false; a tile no mask cuts
     (``whole``) skips the iota compares and the ``where``. Only this small step is branched, so
-    the tile maths is compiled once."""
+    the tile maths is compiled once. ``whole`` False (segment ids): always cut."""
+    if whole is False:
+        return jnp.where(visible(), x, fill)
     return lax.cond(whole, lambda x: x, lambda x: jnp.where(visible(), x, fill), x)
 
 
@@ -84,49 +96,132 @@ def _split_words(refs, count: int):
     return (refs[:len(refs) - count], refs[len(refs) - count:]) if count else (refs, ())
 
 
-def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
-                    num_k_blocks: int, with_lse: bool):
-    """Forward of one (batch, kv-head block, query block, key block) grid step.
+class Walk:
+    """How the last grid axis of a kernel walks the inner blocks one outer block needs.
 
-    lengths_ref: int32 ``[batch]`` key lengths (SMEM). q_ref, o_ref: ``[block_q, q heads, d]``
-    (o in the input dtype); k_ref, v_ref: ``[block_k, kv heads, d]`` (other layouts:
-    ``heads.Heads``); then, ``with_lse`` only, lse_ref: fp32 ``[q heads, 1, block_q]``. Scratch per
-    query head: fp32 running max and sum ``[q heads, block_q, 128]``, accumulator
-    ``[q heads, block_q, d]``; then the 32-bit copies of q, k, v (layout "rows", 16 bits).
+    Forward and dQ (``by_key=False``): the outer block is a query block, the walk its key range
+    (``plan.key_block_range``); dK/dV: a key block walking its query range. Step ``s`` reads block
+    ``lo + s``; the steps past the range repeat its last block (so no new DMA is issued) and
+    compute nothing. ``steps``, the grid's length, is the widest range: with a window about
+    ``(window + outer block) / inner block``, not every inner block. With segment ids the blocks
+    come from a table instead (``plan.block_table``, scalar-prefetched, flat): each outer block's
+    needed blocks, the id ranges of the two blocks overlapping, in order, then the last again.
+    Scalar prefetch: ``lengths`` and, with a table, the table and the counts.
     """
+
+    def __init__(self, plan: Plan, block_q: int, block_k: int, num_q_blocks: int,
+                 num_k_blocks: int, by_key: bool):
+        self.plan, self.block_q, self.block_k, self.by_key = plan, block_q, block_k, by_key
+        self.num_outer, self.num_inner = ((num_k_blocks, num_q_blocks) if by_key
+                                          else (num_q_blocks, num_k_blocks))
+        widest = max_query_steps if by_key else max_key_steps
+        self.steps = widest(block_q, block_k, num_q_blocks, num_k_blocks, plan)
+        self.table = plan.segments
+        self.num_prefetch = 3 if self.table else 1
+
+    def arrays(self, lengths, ids) -> tuple:
+        """The scalar-prefetch arrays: ``(lengths,)``, with segment ids ``(lengths, table,
+        counts)`` (``ids``: the padded ``[batch, q_pad]``, ``[batch, kv_pad]`` ids)."""
+        if not self.table:
+            return (lengths,)
+        needed = needed_blocks(lengths, *ids, self.block_q, self.block_k, self.plan, self.by_key)
+        table, count = block_table(needed, self.steps)
+        return lengths, table.reshape(-1), count.reshape(-1)
+
+    def _range(self, outer, length):
+        find = query_block_range if self.by_key else key_block_range
+        return find(outer, length, self.block_q, self.block_k, self.plan)
+
+    def block(self, b, outer, step, pre):
+        """The inner block step ``step`` of outer block ``outer`` reads (``pre``: the prefetched
+        refs, lengths first)."""
+        if self.table:
+            return pre[1][(b * self.num_outer + outer) * self.steps + step]
+        lo, hi = self._range(outer, pre[0][b])
+        return range_block(lo, hi, step, self.num_inner)
+
+    def count(self, b, outer, pre):
+        """How many steps of outer block ``outer`` compute."""
+        if self.table:
+            return pre[2][b * self.num_outer + outer]
+        return range_steps(*self._range(outer, pre[0][b]))
+
+
+def _split(refs, *counts):
+    """``refs`` cut into consecutive groups of ``counts``, then the rest."""
+    out, at = [], 0
+    for n in counts:
+        out.append(refs[at:at + n])
+        at += n
+    return (*out, refs[at:])
+
+
+def _ids_tile(ids, transposed: bool, block_q: int, block_k: int):
+    """``(q_ids, kv_ids)`` broadcasting against a tile from the id refs ``(q-side, kv-side)``:
+    the outer side's lane-replicated ``[rows, 128]`` widened to the tile, the inner side's
+    ``[1, rows]`` row. None without segment ids."""
+    if not ids:
+        return None, None
+    q_ref, kv_ref = ids
+    if transposed:  # [block_k, block_q]: keys down the sublanes
+        return q_ref[...], _lanes(kv_ref[...], block_q)
+    return _lanes(q_ref[...], block_k), kv_ref[...]
+
+
+def _forward_kernel(*refs, plan: Plan, walk: Walk, with_lse: bool):
+    """Forward of one (batch, kv-head block, query block, key step) grid step.
+
+    Scalar prefetch (SMEM): ``walk``'s (int32 ``[batch]`` key lengths first), then, with sinks,
+    fp32 ``[q heads]``. q_ref, o_ref: ``[block_q, q heads, d]`` (o in the input dtype); k_ref,
+    v_ref: ``[block_k, kv heads, d]`` (other layouts: ``heads.Heads``); with segment ids int32
+    ``[block_q, 128]`` (lane-replicated) and ``[1, block_k]``; then, ``with_lse`` only, lse_ref:
+    fp32 ``[q heads, 1, block_q]``. Scratch per query head: fp32 running max and sum
+    ``[q heads, block_q, 128]``, accumulator ``[q heads, block_q, d]``; then the 32-bit copies
+    of q, k, v (layout "rows", 16 bits).
+    """
+    pre, sinks, (q_ref, k_ref, v_ref), ids, (o_ref,), refs = _split(
+        refs, walk.num_prefetch, int(plan.sinks), 3, 2 * plan.segments, 1)
     refs, words = _split_words(refs, 3 * needs_words(plan, q_ref.dtype))
     lse_ref, (m_scratch, l_scratch, acc_scratch) = (refs[0], refs[1:]) if with_lse else (None, refs)
     q, k, v = (Heads(ref, n, plan, w) for ref, n, w in zip(
         (q_ref, k_ref, v_ref), (plan.q_head_block, plan.kv_head_block, plan.kv_head_block),
         words or (None,) * 3))
-    b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    b, j, qi, step = (pl.program_id(i) for i in range(4))
     block_q, block_k = q.rows, k.rows
-    length = lengths_ref[b]
+    length = pre[0][b]
+    ki = walk.block(b, qi, step, pre)
 
-    @pl.when(ki == 0)
+    @pl.when(step == 0)
     def _start():
-        m_scratch[...] = jnp.full(m_scratch.shape, -jnp.inf, F32)
-        l_scratch[...] = jnp.zeros(l_scratch.shape, F32)
+        if sinks:
+            for h in range(plan.q_head_block):
+                sink = sinks[0][j * plan.q_head_block + h]
+                m_scratch[h], l_scratch[h] = initial_stats(sink, m_scratch.shape[1:])
+        else:
+            m_scratch[...] = jnp.full(m_scratch.shape, -jnp.inf, F32)
+            l_scratch[...] = jnp.zeros(l_scratch.shape, F32)
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, F32)
         q.copy_words()
 
-    @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
+    @pl.when(step < walk.count(b, qi, pre))
     def _step():
         whole = whole_tile(qi, ki, block_q, block_k, length, plan)
         k.copy_words()
         v.copy_words()
 
+        def mask():
+            q_ids, kv_ids = _ids_tile(ids, False, block_q, block_k)
+            return visible_tile(qi, ki, block_q, block_k, length, plan, q_ids=q_ids, kv_ids=kv_ids)
+
         def head(h: int):
             j = h // plan.group  # its kv head in the block
-            s = scores(q.load(h), k.load(j), None, plan.scale)
-            s = _cut(s, whole, lambda: visible_tile(qi, ki, block_q, block_k, length, plan),
-                     -jnp.inf)
+            s = _cut(scores(q.load(h), k.load(j), None, plan), whole, mask, -jnp.inf)
             m, l, acc = online_softmax_step(s, v.load(j), m_scratch[h], l_scratch[h],
                                             acc_scratch[h], _lanes)
             m_scratch[h], l_scratch[h], acc_scratch[h] = m, l, acc
         _each_head(range(plan.q_head_block), length, head)
 
-    @pl.when(ki == num_k_blocks - 1)
+    @pl.when(step == walk.steps - 1)
     def _store():
         def out_of(h: int) -> jax.Array:  # writes head h's log-sum-exp on the way
             out, lse = finish(m_scratch[h], l_scratch[h], acc_scratch[h], _lanes)
@@ -136,27 +231,30 @@ def _forward_kernel(lengths_ref, q_ref, k_ref, v_ref, o_ref, *refs, plan: Plan,
         Heads(o_ref, plan.q_head_block, plan, q.words).store(out_of)
 
 
-def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref, di_ref,
-               dq_scratch, lse_scratch, di_scratch, *words, plan: Plan, num_k_blocks: int):
-    """dQ (and ``di``) of one (batch, kv-head block, query block, key block) grid step.
+def _dq_kernel(*refs, plan: Plan, walk: Walk):
+    """dQ (and ``di``) of one (batch, kv-head block, query block, key step) grid step.
 
-    q_ref, do_ref, o_ref, dq_ref: ``[block_q, q heads, d]``; k_ref, v_ref:
-    ``[block_k, kv heads, d]`` (other layouts: ``heads.Heads``); lse_ref, di_ref: fp32
-    ``[q heads, 1, block_q]``. Once per query block, lse becomes lane-replicated
-    ``[block_q, 128]`` scratch and ``di = rowsum(dO ⊙ O)`` is computed (fp32), kept likewise and
-    written lane-dense for the dK/dV kernel. dq_ref in the input dtype, accumulated over key
-    blocks in fp32 ``dq_scratch [q heads, block_q, d]``. ``words``: 32-bit copies of q (O's
-    first, then dQ's on the way out), dO, k, v (layout "rows", 16 bits).
+    Scalar prefetch: ``walk``'s. q_ref, do_ref, o_ref, dq_ref: ``[block_q, q heads, d]``; k_ref,
+    v_ref: ``[block_k, kv heads, d]`` (other layouts: ``heads.Heads``); lse_ref, di_ref: fp32
+    ``[q heads, 1, block_q]``; segment ids as in the forward. Once per query block, lse becomes
+    lane-replicated ``[block_q, 128]`` scratch and ``di = rowsum(dO ⊙ O)`` is computed (fp32),
+    kept likewise and written lane-dense for the dK/dV kernel. dq_ref in the input dtype,
+    accumulated over key blocks in fp32 ``dq_scratch [q heads, block_q, d]``. ``words``: 32-bit
+    copies of q (O's first, then dQ's on the way out), dO, k, v (layout "rows", 16 bits).
     """
+    pre, (q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref), ids, (dq_ref, di_ref), refs = _split(
+        refs, walk.num_prefetch, 6, 2 * plan.segments, 2)
+    (dq_scratch, lse_scratch, di_scratch), words = refs[:3], refs[3:]
     heads = (plan.q_head_block, plan.q_head_block, plan.kv_head_block, plan.kv_head_block)
     q, do, k, v = (Heads(ref, n, plan, w) for ref, n, w in zip(
         (q_ref, do_ref, k_ref, v_ref), heads, words or (None,) * 4))
     o = Heads(o_ref, plan.q_head_block, plan, q.words)
-    b, qi, ki = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    b, qi, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     block_q, block_k = q.rows, k.rows
-    length = lengths_ref[b]
+    length = pre[0][b]
+    ki = walk.block(b, qi, step, pre)
 
-    @pl.when(ki == 0)
+    @pl.when(step == 0)
     def _start():
         dq_scratch[...] = jnp.zeros(dq_scratch.shape, F32)
         o.copy_words()
@@ -168,92 +266,110 @@ def _dq_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, o_ref, lse_ref, dq_ref,
             di_ref[h] = _row(di_scratch[h])
         q.copy_words()
 
-    @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
+    @pl.when(step < walk.count(b, qi, pre))
     def _step():
         whole = whole_tile(qi, ki, block_q, block_k, length, plan)
         k.copy_words()
         v.copy_words()
 
+        def mask():
+            q_ids, kv_ids = _ids_tile(ids, False, block_q, block_k)
+            return visible_tile(qi, ki, block_q, block_k, length, plan, q_ids=q_ids, kv_ids=kv_ids)
+
         def head(h: int):
             j = h // plan.group
             k_j = k.load(j)
             _, ds = score_grads(q.load(h), k_j, v.load(j), do.load(h), lse_scratch[h],
-                                di_scratch[h], None, plan.scale, _lanes)
-            ds = _cut(ds, whole, lambda: visible_tile(qi, ki, block_q, block_k, length, plan),
-                      0.0)  # dS = P (dP - di): zero where P is
+                                di_scratch[h], None, plan, _lanes)
+            ds = _cut(ds, whole, mask, 0.0)  # dS = P (dP - di): zero where P is
             dq_scratch[h] += lax.dot(ds.astype(k_j.dtype), k_j, preferred_element_type=F32)
         _each_head(range(plan.q_head_block), length, head)
 
-    @pl.when(ki == num_k_blocks - 1)
+    @pl.when(step == walk.steps - 1)
     def _store():
         Heads(dq_ref, plan.q_head_block, plan, q.words).store(lambda h: dq_scratch[h])
 
 
-def _dkv_kernel(lengths_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref, dk_ref, dv_ref,
-                dk_scratch, dv_scratch, *words, plan: Plan, num_q_blocks: int):
-    """dK and dV of one (batch, kv-head block, key block, query block) grid step.
+def _dkv_kernel(*refs, plan: Plan, walk: Walk):
+    """dK and dV of one (batch, kv-head block, key block, query step) grid step.
 
     Each kv head's group of query heads is walked inside the step, their contributions adding
-    up in the fp32 scratch ``[kv heads, block_k, d]``: K and V are never repeated. q_ref,
-    do_ref: ``[block_q, q heads, d]``; k_ref, v_ref, dk_ref, dv_ref: ``[block_k, kv heads, d]``
-    (other layouts: ``heads.Heads``); lse_ref, di_ref: fp32 ``[q heads, 1, block_q]``. Scores are
-    computed transposed, ``[block_k, block_q]``, so ``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` are plain
-    matmuls. ``words``: 32-bit copies of q, dO, k (then dK's), v (then dV's) (layout "rows",
-    16 bits).
+    up in the fp32 scratch ``[kv heads, block_k, d]``: K and V are never repeated. Scalar
+    prefetch: ``walk``'s. q_ref, do_ref: ``[block_q, q heads, d]``; k_ref, v_ref, dk_ref, dv_ref:
+    ``[block_k, kv heads, d]`` (other layouts: ``heads.Heads``); lse_ref, di_ref: fp32
+    ``[q heads, 1, block_q]``; with segment ids int32 ``[1, block_q]`` and ``[block_k, 128]``
+    (lane-replicated). Scores are computed transposed, ``[block_k, block_q]``, so
+    ``dV += Pᵀ·dO`` and ``dK += dSᵀ·Q`` are plain matmuls. ``words``: 32-bit copies of q, dO, k
+    (then dK's), v (then dV's) (layout "rows", 16 bits).
     """
+    pre, (q_ref, k_ref, v_ref, do_ref, lse_ref, di_ref), ids, (dk_ref, dv_ref), refs = _split(
+        refs, walk.num_prefetch, 6, 2 * plan.segments, 2)
+    (dk_scratch, dv_scratch), words = refs[:2], refs[2:]
     heads = (plan.q_head_block, plan.q_head_block, plan.kv_head_block, plan.kv_head_block)
     q, do, k, v = (Heads(ref, n, plan, w) for ref, n, w in zip(
         (q_ref, do_ref, k_ref, v_ref), heads, words or (None,) * 4))
-    b, ki, qi = pl.program_id(0), pl.program_id(2), pl.program_id(3)
+    b, ki, step = pl.program_id(0), pl.program_id(2), pl.program_id(3)
     block_q, block_k = q.rows, k.rows
-    length = lengths_ref[b]
+    length = pre[0][b]
+    qi = walk.block(b, ki, step, pre)
 
-    @pl.when(qi == 0)
+    @pl.when(step == 0)
     def _start():
         dk_scratch[...] = jnp.zeros(dk_scratch.shape, F32)
         dv_scratch[...] = jnp.zeros(dv_scratch.shape, F32)
         k.copy_words()
         v.copy_words()
 
-    @pl.when(ki < num_key_blocks(qi, length, block_q, block_k, plan))
+    @pl.when(step < walk.count(b, ki, pre))
     def _step():
         whole = whole_tile(qi, ki, block_q, block_k, length, plan)
         q.copy_words()
         do.copy_words()
 
+        def mask():
+            q_ids, kv_ids = _ids_tile(ids, True, block_q, block_k)
+            return visible_tile(qi, ki, block_q, block_k, length, plan, transposed=True,
+                                q_ids=q_ids, kv_ids=kv_ids)
+
         def head(h: int):
             j = h // plan.group
             q_h, do_h = q.load(h), do.load(h)
-            s_t = lax.dot_general(k.load(j), q_h, TRANS_B, preferred_element_type=F32) * plan.scale
-            p_t = _cut(jnp.exp(s_t - lse_ref[h]), whole,  # [block_k, block_q]
-                       lambda: visible_tile(qi, ki, block_q, block_k, length, plan,
-                                            transposed=True), 0.0)
+            s_t, t = logits(k.load(j), q_h, plan)
+            p_t = _cut(jnp.exp(s_t - lse_ref[h]), whole, mask, 0.0)  # [block_k, block_q]
             dp_t = lax.dot_general(v.load(j), do_h, TRANS_B, preferred_element_type=F32)
-            ds_t = p_t * (dp_t - di_ref[h]) * plan.scale
+            ds_t = logit_grads(p_t, dp_t, di_ref[h], t, plan)
             dv_scratch[j] += lax.dot(p_t.astype(do_h.dtype), do_h, preferred_element_type=F32)
             dk_scratch[j] += lax.dot(ds_t.astype(q_h.dtype), q_h, preferred_element_type=F32)
         _each_head(range(plan.q_head_block), length, head)
 
-    @pl.when(qi == num_q_blocks - 1)
+    @pl.when(step == walk.steps - 1)
     def _store():
         Heads(dk_ref, plan.kv_head_block, plan, k.words).store(lambda j: dk_scratch[j])
         Heads(dv_ref, plan.kv_head_block, plan, v.words).store(lambda j: dv_scratch[j])
 
 
 def _visible_pairs(plan: Plan) -> int:
-    """(query, key) pairs one query head of one sequence may see, every key valid."""
-    if not plan.causal:
+    """(query, key) pairs one query head of one sequence may see, every key valid (segment ids,
+    runtime values, hide none here)."""
+    left, right = plan.reach
+    if left is None and right is None:
         return plan.q_len * plan.kv_len
-    offset = plan.kv_len - plan.q_len  # bottom-right: row i sees keys j <= i + offset
-    return sum(min(plan.kv_len, max(0, i + offset + 1)) for i in range(plan.q_len))
+    pairs = 0
+    for i in range(plan.q_len):  # bottom-right: row i at position i + offset
+        p = i + plan.offset
+        lo = 0 if left is None else max(0, p - left)
+        hi = plan.kv_len - 1 if right is None else min(plan.kv_len - 1, p + right)
+        pairs += max(0, hi - lo + 1)
+    return pairs
 
 
 def _least_cost(plan: Plan, matmuls: int, head_dim: int, arrays, out_shape) -> pl.CostEstimate:
     """A kernel's least work, declared so XLA's cost analysis counts it (else it counts nothing).
 
     FLOPs: ``matmuls`` products of width ``head_dim`` over the visible pairs of every query head
-    (causal counts about half; ``kv_lengths`` are runtime values, so every key counts), one
-    ``exp`` per pair, and every operand read once and every result written once (bytes).
+    (causal counts about half, a window its width; ``kv_lengths`` are runtime values, so every
+    key counts), one ``exp`` per pair, and every operand read once and every result written once
+    (bytes).
     """
     batch = arrays[0].shape[0]
     pairs = batch * plan.num_q_heads * _visible_pairs(plan)
@@ -263,52 +379,52 @@ def _least_cost(plan: Plan, matmuls: int, head_dim: int, arrays, out_shape) -> p
 
 
 def _call(kernel, grid, in_specs, out_specs, out_shape, scratch, plan: Plan, semantics,
-          matmuls: int, words=()):
+          matmuls: int, words=(), num_prefetch: int = 1):
     """The pallas_call of ``kernel``, declaring ``matmuls`` products per visible pair; fp32
-    ``scratch`` shapes, then 32-bit ``words`` shapes (``heads.needs_words``)."""
+    ``scratch`` shapes, then 32-bit ``words`` shapes (``heads.needs_words``). Its first
+    ``num_prefetch`` arguments (the key lengths first) are scalar-prefetched; the next is q."""
 
-    def call(lengths, *arrays):
+    def call(*args):
         return pl.pallas_call(
             kernel,
             grid_spec=pltpu.PrefetchScalarGridSpec(
-                num_scalar_prefetch=1, grid=grid, in_specs=in_specs, out_specs=out_specs,
+                num_scalar_prefetch=num_prefetch, grid=grid, in_specs=in_specs,
+                out_specs=out_specs,
                 scratch_shapes=[*(pltpu.VMEM(shape, F32) for shape in scratch),
                                 *(pltpu.VMEM(shape, WORD) for shape in words)]),
             out_shape=out_shape,
             compiler_params=pltpu.CompilerParams(dimension_semantics=semantics,
                                                  vmem_limit_bytes=vmem_limits()[0]),
-            cost_estimate=_least_cost(plan, matmuls, _head_dim(arrays[0], plan), (lengths, *arrays),
+            cost_estimate=_least_cost(plan, matmuls, _head_dim(args[num_prefetch], plan), args,
                                       out_shape),
             interpret=plan.interpret,
-        )(lengths, *arrays)
+        )(*args)
     return backend.compiled_call(("tpu",), call, plan.interpret)
 
 
-def query_side_maps(plan: Plan, block_q: int, block_k: int):
-    """Index maps of the (batch, kv-head block, qi, ki) grids: query-side tiles (the kv-head
-    block's query heads), and K/V tiles clamped so a skipped key block re-uses the last needed
-    one (no DMA)."""
+def query_side_maps(walk: Walk):
+    """Index maps of the (batch, kv-head block, qi, key step) grids: query-side tiles (the
+    kv-head block's query heads), and K/V tiles of the walk's key blocks (a step past the range
+    re-uses the last needed one: no DMA). Each takes the scalar-prefetch refs after the grid
+    indices."""
 
-    def q_map(b, j, qi, ki, lengths):
+    def q_map(b, j, qi, step, *pre):
         return b, qi, j, 0
 
-    def kv_map(b, j, qi, ki, lengths):
-        n = num_key_blocks(qi, lengths[b], block_q, block_k, plan)
-        return b, jnp.minimum(ki, jnp.maximum(n - 1, 0)), j, 0
+    def kv_map(b, j, qi, step, *pre):
+        return b, walk.block(b, qi, step, pre), j, 0
 
     return q_map, kv_map
 
 
-def key_side_maps(plan: Plan, block_q: int, block_k: int, num_q_blocks: int):
-    """Index maps of the dK/dV grid (batch, kv-head block, ki, qi): K/V tiles, and query-side
-    tiles where a skipped step fetches the tile the next needed step uses (no extra DMA)."""
+def key_side_maps(walk: Walk):
+    """Index maps of the dK/dV grid (batch, kv-head block, ki, query step): K/V tiles, and
+    query-side tiles of the walk's query blocks (a step past the range re-uses the last one)."""
 
-    def q_map(b, j, ki, qi, lengths):
-        in_range = key_in_range(ki, lengths[b], block_k)
-        first = first_query_block(ki, block_q, block_k, num_q_blocks, plan)
-        return b, jnp.where(in_range, jnp.maximum(qi, first), num_q_blocks - 1), j, 0
+    def q_map(b, j, ki, step, *pre):
+        return b, walk.block(b, ki, step, pre), j, 0
 
-    def kv_map(b, j, ki, qi, lengths):
+    def kv_map(b, j, ki, step, *pre):
         return b, ki, j, 0
 
     return q_map, kv_map
@@ -354,65 +470,100 @@ def _specs(plan: Plan, q_map, kv_map, block_q: int, block_k: int, head_dim: int)
             pl.BlockSpec((None, block_k, kv_heads * head_dim), flat(kv_map)), stat)
 
 
-def forward(q, k, v, lengths, plan: Plan, with_lse: bool = True):
+def _id_inputs(plan: Plan, ids, q_map, kv_map, block_q: int, block_k: int, by_key: bool):
+    """``(specs, arrays)`` of the segment ids a kernel reads (none without them): the outer
+    side's ids lane-replicated ``[batch, pad, 128]`` (blocks ``(rows, 128)``), the inner side's
+    as rows ``[batch, 1, pad]`` (blocks ``(1, rows)``); query side first."""
+    if not plan.segments:
+        return [], []
+    q_ids, kv_ids = ids
+
+    def lanes(x):
+        return jnp.broadcast_to(x[:, :, None], (*x.shape, LANES))
+
+    q_block = lambda *i: (q_map(*i)[0], q_map(*i)[1], 0)  # noqa: E731  (b, qi, 0)
+    kv_block = lambda *i: (kv_map(*i)[0], kv_map(*i)[1], 0)  # noqa: E731  (b, ki, 0)
+    as_row = lambda index_map: lambda *i: (index_map(*i)[0], 0, index_map(*i)[1])  # noqa: E731
+    if by_key:
+        return ([pl.BlockSpec((None, 1, block_q), as_row(q_block)),
+                 pl.BlockSpec((None, block_k, LANES), kv_block)],
+                [q_ids[:, None, :], lanes(kv_ids)])
+    return ([pl.BlockSpec((None, block_q, LANES), q_block),
+             pl.BlockSpec((None, 1, block_k), as_row(kv_block))],
+            [lanes(q_ids), kv_ids[:, None, :]])
+
+
+def forward(q, k, v, lengths, plan: Plan, ids=None, sinks=None, with_lse: bool = True):
     """``(out [b, q_pad, hq, d], lse [b, hq, 1, q_pad] fp32)`` from ``[b, seq_pad, heads, d]``
     (layout "flat": ``[b, seq_pad, heads * d]`` in and out; "rows": ``[b, seq_pad * heads, d]``).
 
-    ``with_lse=False`` (a forward-only call) writes no log-sum-exp: lse is ``None``.
+    ``ids``: padded segment ids ``([b, q_pad], [b, kv_pad])`` int32 (``plan.segments``);
+    ``sinks``: fp32 ``[hq]`` (``plan.sinks``). ``with_lse=False`` (a forward-only call) writes no
+    log-sum-exp: lse is ``None``.
     """
     batch, d = q.shape[0], _head_dim(q, plan)
     q_pad, kv_pad = _seq_len(q, plan.num_q_heads, plan), _seq_len(k, plan.num_kv_heads, plan)
     bq, bk = plan.blocks.block_q, plan.blocks.block_k
     q_heads = plan.kv_head_block * plan.group
-    grid = (batch, plan.num_kv_heads // plan.kv_head_block, q_pad // bq, kv_pad // bk)
-    q_spec, kv_spec, stat_spec = _specs(plan, *query_side_maps(plan, bq, bk), bq, bk, d)
-    kernel = functools.partial(_forward_kernel, plan=plan, num_k_blocks=grid[3],
-                               with_lse=with_lse)
+    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=False)
+    grid = (batch, plan.num_kv_heads // plan.kv_head_block, q_pad // bq, walk.steps)
+    q_map, kv_map = query_side_maps(walk)
+    q_spec, kv_spec, stat_spec = _specs(plan, q_map, kv_map, bq, bk, d)
+    id_specs, id_arrays = _id_inputs(plan, ids, q_map, kv_map, bq, bk, by_key=False)
+    prefetch = (*walk.arrays(lengths, ids), *((sinks.astype(F32),) if plan.sinks else ()))
+    kernel = functools.partial(_forward_kernel, plan=plan, walk=walk, with_lse=with_lse)
     out_shape = [jax.ShapeDtypeStruct(q.shape, q.dtype),
                  jax.ShapeDtypeStruct((batch, plan.num_q_heads, 1, q_pad), F32)]
     results = _call(
-        kernel, grid, in_specs=[q_spec, kv_spec, kv_spec],
+        kernel, grid, in_specs=[q_spec, kv_spec, kv_spec, *id_specs],
         out_specs=[q_spec, stat_spec][:1 + with_lse], out_shape=out_shape[:1 + with_lse],
         scratch=[(q_heads, bq, LANES), (q_heads, bq, LANES), (q_heads, bq, d)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=2,
-        words=_words(plan, q.dtype, bq, bk, d, 1, 2),
-    )(lengths, q, k, v)
+        words=_words(plan, q.dtype, bq, bk, d, 1, 2), num_prefetch=len(prefetch),
+    )(*prefetch, q, k, v, *id_arrays)
     return (results[0], results[1] if with_lse else None)
 
 
-def backward(q, k, v, lengths, out, lse, do, plan: Plan):
-    """``(dq, dk, dv)`` in the layouts of ``q, k, v`` from the forward's ``out`` and ``lse``
-    (fp32 ``[b, hq, 1, q_pad]``); ``di`` comes from the dQ kernel, so no XLA op runs between."""
+def backward(q, k, v, lengths, out, lse, do, plan: Plan, ids=None):
+    """``(dq, dk, dv, di)`` in the layouts of ``q, k, v`` (``di = rowsum(dO ⊙ O)`` fp32
+    ``[b, hq, 1, q_pad]``, like ``lse``) from the forward's ``out`` and ``lse``; ``di`` comes
+    from the dQ kernel, so no XLA op runs between."""
     batch, d = q.shape[0], _head_dim(q, plan)
     q_pad, kv_pad = _seq_len(q, plan.num_q_heads, plan), _seq_len(k, plan.num_kv_heads, plan)
     blocks, kv_blocks = plan.blocks, plan.num_kv_heads // plan.kv_head_block
     q_heads, kv_heads = plan.kv_head_block * plan.group, plan.kv_head_block
 
     bq, bk = blocks.block_q_dq, blocks.block_k_dq
-    grid = (batch, kv_blocks, q_pad // bq, kv_pad // bk)
-    q_spec, kv_spec, stat_spec = _specs(plan, *query_side_maps(plan, bq, bk), bq, bk, d)
+    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=False)
+    grid = (batch, kv_blocks, q_pad // bq, walk.steps)
+    q_map, kv_map = query_side_maps(walk)
+    q_spec, kv_spec, stat_spec = _specs(plan, q_map, kv_map, bq, bk, d)
+    id_specs, id_arrays = _id_inputs(plan, ids, q_map, kv_map, bq, bk, by_key=False)
+    prefetch = walk.arrays(lengths, ids)
     dq, di = _call(
-        functools.partial(_dq_kernel, plan=plan, num_k_blocks=grid[3]), grid,
-        in_specs=[q_spec, kv_spec, kv_spec, q_spec, q_spec, stat_spec],
+        functools.partial(_dq_kernel, plan=plan, walk=walk), grid,
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, q_spec, stat_spec, *id_specs],
         out_specs=[q_spec, stat_spec],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct(lse.shape, F32)],
         scratch=[(q_heads, bq, d), (q_heads, bq, LANES), (q_heads, bq, LANES)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=3,
-        words=_words(plan, q.dtype, bq, bk, d, 2, 2),
-    )(lengths, q, k, v, do, out, lse)
+        words=_words(plan, q.dtype, bq, bk, d, 2, 2), num_prefetch=len(prefetch),
+    )(*prefetch, q, k, v, do, out, lse, *id_arrays)
 
     bq, bk = blocks.block_q_dkv, blocks.block_k_dkv
-    num_q_blocks = q_pad // bq
-    grid = (batch, kv_blocks, kv_pad // bk, num_q_blocks)
-    q_spec, kv_spec, stat_spec = _specs(plan, *key_side_maps(plan, bq, bk, num_q_blocks),
-                                        bq, bk, d)
+    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=True)
+    grid = (batch, kv_blocks, kv_pad // bk, walk.steps)
+    q_map, kv_map = key_side_maps(walk)
+    q_spec, kv_spec, stat_spec = _specs(plan, q_map, kv_map, bq, bk, d)
+    id_specs, id_arrays = _id_inputs(plan, ids, q_map, kv_map, bq, bk, by_key=True)
+    prefetch = walk.arrays(lengths, ids)
     dk, dv = _call(
-        functools.partial(_dkv_kernel, plan=plan, num_q_blocks=num_q_blocks), grid,
-        in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec],
+        functools.partial(_dkv_kernel, plan=plan, walk=walk), grid,
+        in_specs=[q_spec, kv_spec, kv_spec, q_spec, stat_spec, stat_spec, *id_specs],
         out_specs=[kv_spec, kv_spec],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         scratch=[(kv_heads, bk, d), (kv_heads, bk, d)], plan=plan,
         semantics=("parallel", "parallel", "parallel", "arbitrary"), matmuls=4,
-        words=_words(plan, q.dtype, bq, bk, d, 2, 2),
-    )(lengths, q, k, v, do, lse, di)
-    return dq, dk, dv
+        words=_words(plan, q.dtype, bq, bk, d, 2, 2), num_prefetch=len(prefetch),
+    )(*prefetch, q, k, v, do, lse, di, *id_arrays)
+    return dq, dk, dv, di
