@@ -21,15 +21,17 @@ def _valid(doc):
 
 def test_passing_candidate_exits_0_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sub" / "cards.json"
-    assert main(["--candidate", "reference", "--json", str(out), "--quiet", "--quick"]) == 0
+    assert main(["--candidate", "reference", "--json", str(out), "--quiet", "--quick", "--features", "sinks"]) == 0
     text = capsys.readouterr().out
     printed = re.search(r"wrote .*cards.json \(sha256 ([0-9a-f]{64})\)", text).group(1)
     assert printed == hashlib.sha256(out.read_bytes()).hexdigest()
-    assert "reference [reference] PASSED 100/100" in text and "PASS  causal-leak" in text
+    assert "reference [reference] PASSED 108/108 (isolation: process; features: sinks)" in text
+    assert "PASS  causal-leak" in text and "PASS  sinks" in text and "window" not in text
     doc = json.loads(out.read_text())
     assert [c["candidate"] for c in doc["scorecards"]] == ["reference"]
     assert set(doc["scorecards"][0]) == {"candidate", "kind", "passed", "score", "max_score", "error", "level",
-                                         "isolation", "memory_limit", "checks"}
+                                         "isolation", "memory_limit", "features", "checks"}
+    assert doc["scorecards"][0]["features"] == ["sinks"]
     assert doc["scorecards"][0]["isolation"] == "process"  # a built-in, under --isolation auto
     assert doc["scorecards"][0]["memory_limit"] == ("cgroup" if memcg.unavailable_reason() is None else "address-space")
     assert doc["scorecards"][0]["level"] == "quick"
@@ -93,3 +95,16 @@ def test_version_exits_0(capsys):
 def test_time_limit_is_an_alias_of_timeout():
     from tpu_kernel_records_tools.cli.rubric import _parser
     assert _parser().parse_args(["--time-limit", "7"]).time_limit == _parser().parse_args(["--timeout", "7"]).time_limit == 7
+
+
+@pytest.mark.parametrize("argv, error", [(["--features", "alibi"], "unknown feature 'alibi'"),
+                                         (["--features", "window,bogus"], "unknown feature 'bogus'")])
+def test_an_unknown_feature_is_a_usage_error(argv, error, capsys):
+    assert main(["--candidate", "reference", "--quick", *argv]) == 2
+    assert error in capsys.readouterr().err
+
+
+def test_a_feature_the_candidate_does_not_declare_is_the_scorecards_error(capsys):
+    assert main(["--candidate", "zeros", "--quick", "--quiet", "--features", "window"]) == 1
+    text = capsys.readouterr().out
+    assert "could not be graded: asked to grade feature(s) window, which the candidate does not declare" in text

@@ -104,18 +104,20 @@ HOSTILES = {
 
 @pytest.fixture(scope="module")
 def reference_alone():
-    return grade("reference", level="quick", time_limit_s=600, isolation="process")
+    return grade("reference", level="quick", time_limit_s=600, isolation="process", features=())
 
 
 @pytest.fixture(scope="module")
 def cli_run(tmp_path_factory):
-    """``tpu-kernel-rubric`` on every hostile candidate, then ``zeros`` and ``reference``, with a fake
+    """``tpu-kernel-rubric`` on every hostile candidate, then ``zeros`` and ``reference`` (the base contract
+    alone: the reference's features are not what this file tests), with a fake
     HF_TOKEN in its environment. Returns (scorecards by short name, the file, the printed sha256, the
     pid the scorecard rewriter's grandchild wrote down, the completed process)."""
     out = tmp_path_factory.mktemp("cli") / "cards.json"
     specs = [_spec(s) for s in HOSTILES.values()] + ["zeros", "reference"]
     argv = [sys.executable, "-m", "tpu_kernel_records_tools.cli.rubric", "--quick", "--quiet", "--timeout", "600",
-            "--memory-limit", "4", "--isolation", "process", "--json", str(out)] + [a for spec in specs for a in ("--candidate", spec)]
+            "--memory-limit", "4", "--isolation", "process", "--features", "none", "--json", str(out)] + [
+                a for spec in specs for a in ("--candidate", spec)]
     proc = subprocess.run(argv, capture_output=True, text=True, env=dict(os.environ, HF_TOKEN=MARKER),
                           cwd=Path(__file__).parent.parent, timeout=1200)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -60,7 +60,7 @@ def test_a_candidate_that_rewrites_a_watched_file_fails_and_stops_the_run(tmp_pa
             return reference_attention(q, k, v, **kw)
     """))
     cards = rubric.grade_all([f"{hostile}:attention", "reference"], level="quick", progress=False,
-                             time_limit_s=300, isolation="process")  # bubblewrap would keep it from writing
+                             time_limit_s=300, isolation="process", features=())  # bubblewrap would keep it from writing
     bad, after = cards
     assert not bad.passed and bad.tampered
     assert f"changed {target}" in bad.error and "changed files the grader" in bad.error

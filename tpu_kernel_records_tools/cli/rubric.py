@@ -31,6 +31,7 @@ from ..grading import memcg
 from ..grading.isolation import CHOICES, IsolationUnavailable, choose
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
+from kernel_src.contract import canonical_features
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -56,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="grade at the quick level (small fixed shapes, for fast tests) instead of the full "
                         "problem distribution")
+    p.add_argument("--features", type=_features, metavar="LIST",
+                   help="which of each candidate's declared features to grade on top of the base contract: a "
+                        "comma-separated list of window, softcap, segments, sinks, or 'none' for the base "
+                        "contract alone (default: every feature the candidate declares)")
     p.add_argument("--timeout", "--time-limit", dest="time_limit", type=_positive, default=DEFAULT_TIME_LIMIT_S,
                    metavar="SECONDS",
                    help=f"wall-clock seconds each candidate's worker may take per scorecard, all calls together "
@@ -95,6 +100,16 @@ def _version() -> str:
         return version("tpu-kernel-records")
     except PackageNotFoundError:
         return "unknown (not installed)"
+
+
+def _features(text: str) -> tuple[str, ...]:
+    """``--features``: 'none' or a comma-separated list of the contract's features."""
+    if text.strip().lower() == "none":
+        return ()
+    try:
+        return canonical_features([part.strip() for part in text.split(",") if part.strip()])
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _positive(text: str) -> float:
@@ -139,7 +154,7 @@ def write_atomic(path: Path, text: str) -> None:
 def format_scorecard(card) -> str:
     """A readable scorecard: a header line, then one line per check (check, PASS/FAIL, points, detail)."""
     status = "PASSED" if card.passed else "FAILED"
-    features = ", ".join(card.features) or "none declared"
+    features = ", ".join(card.features) or "none"
     lines = [f"{card.candidate} [{card.kind}] {status} {card.score:g}/{card.max_score:g} "
              f"(isolation: {card.isolation}; features: {features})"]
     if card.error:
@@ -265,7 +280,7 @@ def _grade(args) -> int:
         return EXIT_USAGE
     level = "quick" if args.quick else "full"
     cards = grade_all(cands, seed=args.seed, level=level, progress=not args.quiet, time_limit_s=args.time_limit,
-                      memory_limit_gb=args.memory_limit, isolation=args.isolation)
+                      memory_limit_gb=args.memory_limit, isolation=args.isolation, features=args.features)
     for card in cards:
         print(format_scorecard(card))
         print()
@@ -277,8 +292,8 @@ def _grade(args) -> int:
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
     full = _parser()
-    grade_opts = {"--candidate", "--candidate-dir", "--seed", "--quick", "--timeout", "--memory-limit", "--isolation", "--json", "--list",
-                  "--quiet"}
+    grade_opts = {"--candidate", "--candidate-dir", "--seed", "--quick", "--features", "--timeout", "--memory-limit",
+                  "--isolation", "--json", "--list", "--quiet"}
     power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
                   "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume", "--isolation"}
     for name, opts, func, help_text in (

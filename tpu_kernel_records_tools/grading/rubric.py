@@ -27,6 +27,7 @@ from ..grading import tripwire
 from ..grading.candidates import Candidate, resolve
 from ..grading.runner import DEFAULT_TIME_LIMIT_S, Runner
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
+from kernel_src.contract import canonical_features
 
 
 @dataclass
@@ -105,7 +106,7 @@ def _all_failed(reason: str) -> list[CheckResult]:
 
 def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
           time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB,
-          isolation: str = "auto") -> Scorecard:
+          isolation: str = "auto", features: Sequence[str] | None = None) -> Scorecard:
     """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate)
     in a worker process of its own, killed (with everything it started) before this returns.
 
@@ -114,16 +115,19 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     included, the worker's interpreter and JAX start not); once it runs out, the worker is killed and
     the remaining checks fail as "not run". ``memory_limit_gb``: the worker's memory limit in GiB (its
     memory cgroup's, else its address space's: ``grading.memcg``; 0: none). ``isolation``: "auto"
-    (bubblewrap for anything but a built-in), "bubblewrap" or "process" (``grading.isolation``). Raises ``CandidateSpecError`` for a malformed spec and
-    ``IsolationUnavailable`` when bubblewrap is needed and cannot run here.
+    (bubblewrap for anything but a built-in), "bubblewrap" or "process" (``grading.isolation``). ``features``:
+    which of the candidate's declared features to grade (None: all it declares; ``()``: the base contract
+    only; naming one it does not declare makes the scorecard's error). Raises ``CandidateSpecError`` for a
+    malformed spec and ``IsolationUnavailable`` when bubblewrap is needed and cannot run here.
     """
     return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s,
-                       memory_limit_gb=memory_limit_gb, isolation=isolation)[0]
+                       memory_limit_gb=memory_limit_gb, isolation=isolation, features=features)[0]
 
 
 def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str = "full",
                 time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "auto") -> list[Scorecard]:
+                memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "auto",
+                features: Sequence[str] | None = None) -> list[Scorecard]:
     """``grade`` on each of ``seeds`` with one worker (JAX starts, and compiles, once for them all).
 
     A worker that died or ran out of time is replaced by a fresh one for the next seed, so each
@@ -131,6 +135,7 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     this returns.
     """
     cand = resolve(candidate)
+    features = None if features is None else canonical_features(features)  # ValueError: not a feature
     where = isolations.choose(isolation, cand)
     before = tripwire.snapshot()
     runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb, isolation=where)
@@ -140,11 +145,13 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
             runner.new_scorecard()
             C.plan_ahead(seed, level)  # the seed's problems are built while the worker starts and the checks run
             error = None if runner.alive else runner.start()
+            if error is None:
+                graded, error = _graded_features(runner.features, features)
             if error is not None:
                 cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed,
                                        level=level, isolation=where))
             else:
-                cards.append(_run_checks(runner, cand, seed, level))
+                cards.append(_run_checks(runner, cand, seed, level, graded))
                 cards[-1].isolation = where
             cards[-1].memory_limit = runner.memory_limit
     finally:
@@ -168,10 +175,22 @@ def checks_for(features: Sequence[str] = ()) -> tuple[C.CheckSpec, ...]:
     return (*C.CHECKS, *(FEATURE_CHECKS[f] for f in features))
 
 
-def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str) -> Scorecard:
+def _graded_features(declared: Sequence[str], asked: Sequence[str] | None) -> tuple[tuple[str, ...], str | None]:
+    """The features to grade: all ``declared`` when ``asked`` is None, else ``asked`` (canonical order), or
+    the reason they cannot be (a feature asked for that the candidate does not declare)."""
+    if asked is None:
+        return tuple(declared), None
+    asked = canonical_features(asked)
+    missing = [f for f in asked if f not in declared]
+    if missing:
+        return (), (f"asked to grade feature(s) {', '.join(missing)}, which the candidate does not declare "
+                    f"(it declares: {', '.join(declared) or 'none'})")
+    return asked, None
+
+
+def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str, features: tuple[str, ...]) -> Scorecard:
     ctx = C.Context(runner, seed, level=level)
     results, verdicts = [], {}
-    features = tuple(runner.features)
     if features:  # their problems are built while the base checks run
         C.plan_ahead(seed, level, [FEATURE_CHECKS[f] for f in features])
     for spec in checks_for(features):
@@ -203,9 +222,10 @@ def _finite(runner: C.Runner) -> CheckResult:
 
 
 def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: str = "full", progress: bool = True,
-              time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-              memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "auto") -> list[Scorecard]:
-    """``grade`` each candidate in turn, each in its own worker (tqdm progress bar when ``progress``).
+              time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB,
+              isolation: str = "auto", features: Sequence[str] | None = None) -> list[Scorecard]:
+    """``grade`` each candidate in turn, each in its own worker (tqdm progress bar when ``progress``);
+    ``features`` as in ``grade``.
 
     When this returns, no process any candidate started is alive. A candidate that changed files the
     grader runs (``grading.tripwire``) fails, and every candidate after it gets a "not graded" scorecard."""
@@ -218,7 +238,7 @@ def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: st
             cards.append(_not_graded(cand, f"not graded: {tampered_by}", seed, level))
             continue
         cards.append(grade(cand, seed=seed, level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb,
-                           isolation=isolation))
+                           isolation=isolation, features=features))
         if cards[-1].tampered:
             tampered_by = f"an earlier candidate ({cards[-1].candidate}) changed files the grader runs"
     return cards

@@ -307,7 +307,8 @@ FEATURE_SEED = "feature shapes"
 def draw_feature_slots(seed: int, level: str = "full") -> dict[str, dict]:
     """Slot name ``"feature/probe"`` -> ``{"dims", "dtype", "causal", "lengths", "scale", "window",
     "softcap", "q_boost", "segments", "sinks", "grad"}`` (see the table above); ``level="quick"``
-    draws the same probes at toy sizes (windows of a few keys)."""
+    draws the same probes at fixed toy sizes (windows of a few keys; the values still come from the
+    seed), so that, as at the quick level's base shapes, every seed reuses the programs compiled once."""
     if level not in LEVELS:
         raise ValueError(f"level must be one of {LEVELS}, got {level!r}")
     rng = _rng(seed, FEATURE_SEED)
@@ -323,40 +324,40 @@ def draw_feature_slots(seed: int, level: str = "full") -> dict[str, dict]:
                 "grad": grad}
 
     s = {}
-    if quick:  # windows of 4-8 keys over a few dozen: each probe's geometry at toy sizes
+    if quick:  # windows of 4-8 keys over a few dozen, the same toy shapes on every seed (as QUICK)
         w = 8
-        s["window/train"] = slot(Dims(1, 3 * w + r(1, 9), 0, 4, 1, 32), "float32", True, window=(w - 1, 0), grad=True)
+        s["window/train"] = slot(Dims(1, 3 * w + 1, 0, 4, 1, 32), "float32", True, window=(w - 1, 0), grad=True)
         s["window/wide"] = slot(s["window/train"]["dims"], "float32", True, window=(w, 0))
-        s["window/chunk"] = slot(Dims(1, 8 + r(0, 7), 3 * w + r(1, 9), 4, 2, 32), "float32", True, window=(w - 1, 0))
-        s["window/decode"] = slot(Dims(4, 1, 3 * w + r(1, 9), 4, 2, 32), "float32", True, lengths=True,
+        s["window/chunk"] = slot(Dims(1, 8, 3 * w + 1, 4, 2, 32), "float32", True, window=(w - 1, 0))
+        s["window/decode"] = slot(Dims(4, 1, 3 * w + 1, 4, 2, 32), "float32", True, lengths=True,
                                   window=(w - 1, 0))
-        s["window/short"] = slot(Dims(1, 12 + r(0, 3), 0, 2, 1, 64), "bfloat16", True, window=(4 * w - 1, 0), grad=True)
-        s["window/all"] = slot(Dims(1, 8 + r(0, 7), 20 + r(1, 9), 2, 1, 32), "float32", True)
-        s["window/self"] = slot(Dims(1, 10 + r(0, 5), 0, 2, 1, 32), "float32", False, window=(0, 0), grad=True)
-        s["window/odd"] = slot(Dims(1, 10 + r(0, 5), 40 + r(1, 9), 2, 1, 32), "float32", False,
-                               window=(9 + r(0, 3), 2 + r(0, 2)), grad=True)
-        s["window/ahead"] = slot(Dims(2, 0, 12 + r(0, 3), 2, 1, 32), "float32", True, window=(3 + r(0, 2), 0))
-        s["window/readout"] = slot(Dims(3, 12 + r(0, 3), 24 + r(0, 7), 2, 1, 64), "float32", True, lengths=True,
-                                   window=(5 + r(0, 3), r(0, 2)))
-        s["softcap/cap5"] = slot(Dims(3, 8 + r(0, 7), 24 + r(0, 7), 4, 2, 32), "float32", True, lengths=True,
+        s["window/short"] = slot(Dims(1, 12, 0, 2, 1, 64), "bfloat16", True, window=(4 * w - 1, 0), grad=True)
+        s["window/all"] = slot(Dims(1, 8, 21, 2, 1, 32), "float32", True)
+        s["window/self"] = slot(Dims(1, 10, 0, 2, 1, 32), "float32", False, window=(0, 0), grad=True)
+        s["window/odd"] = slot(Dims(1, 10, 41, 2, 1, 32), "float32", False,
+                               window=(9, 2), grad=True)
+        s["window/ahead"] = slot(Dims(2, 0, 12, 2, 1, 32), "float32", True, window=(3, 0))
+        s["window/readout"] = slot(Dims(3, 12, 24, 2, 1, 64), "float32", True, lengths=True,
+                                   window=(5, 2))
+        s["softcap/cap5"] = slot(Dims(3, 8, 24, 4, 2, 32), "float32", True, lengths=True,
                                  softcap=5.0, q_boost=6.0, grad=True)
-        s["softcap/cap50"] = slot(Dims(1, 16 + r(0, 7), 0, 4, 2, 32), "bfloat16", True, scale=144 ** -0.5,
+        s["softcap/cap50"] = slot(Dims(1, 16, 0, 4, 2, 32), "bfloat16", True, scale=144 ** -0.5,
                                   softcap=50.0, q_boost=40.0, grad=True)
-        s["softcap/d256"] = slot(Dims(1, 8 + r(0, 7), 20 + r(0, 7), 2, 1, 64), "float32", False, softcap=50.0,
+        s["softcap/d256"] = slot(Dims(1, 8, 20, 2, 1, 64), "float32", False, softcap=50.0,
                                  q_boost=60.0)
-        s["softcap/huge"] = slot(Dims(1, 8 + r(0, 7), 20 + r(0, 7), 2, 1, 32), "float32", False, softcap=1e30)
-        s["segments/packed"] = slot(Dims(2, 40 + r(0, 9), 0, 4, 2, 32), "float32", True, segments="packed", grad=True)
-        s["segments/repeat"] = slot(Dims(1, 24 + r(0, 7), 0, 2, 1, 64), "float32", False, segments="repeat")
-        s["segments/cross"] = slot(Dims(2, 8 + r(0, 7), 30 + r(0, 9), 2, 1, 32), "float32", False, lengths=True,
+        s["softcap/huge"] = slot(Dims(1, 8, 20, 2, 1, 32), "float32", False, softcap=1e30)
+        s["segments/packed"] = slot(Dims(2, 40, 0, 4, 2, 32), "float32", True, segments="packed", grad=True)
+        s["segments/repeat"] = slot(Dims(1, 24, 0, 2, 1, 64), "float32", False, segments="repeat")
+        s["segments/cross"] = slot(Dims(2, 8, 30, 2, 1, 32), "float32", False, lengths=True,
                                    segments="cross")
-        s["segments/equal"] = slot(Dims(3, 12 + r(0, 3), 20 + r(0, 7), 2, 1, 32), "bfloat16", True, lengths=True,
+        s["segments/equal"] = slot(Dims(3, 12, 20, 2, 1, 32), "bfloat16", True, lengths=True,
                                    segments="equal")
-        s["sinks/random"] = slot(Dims(1, 8 + r(0, 7), 24 + r(0, 7), 8, 2, 32), "float32", True, sinks="random",
+        s["sinks/random"] = slot(Dims(1, 8, 24, 8, 2, 32), "float32", True, sinks="random",
                                  grad=True)
-        s["sinks/high"] = slot(Dims(3, 8 + r(0, 7), 20 + r(0, 7), 4, 2, 32), "float32", True, lengths=True,
+        s["sinks/high"] = slot(Dims(3, 8, 20, 4, 2, 32), "float32", True, lengths=True,
                                sinks="high")
-        s["sinks/low"] = slot(Dims(1, 8 + r(0, 7), 20 + r(0, 7), 4, 2, 32), "bfloat16", True, sinks="low", grad=True)
-        s["sinks/off"] = slot(Dims(1, 8 + r(0, 7), 20 + r(0, 7), 4, 2, 32), "float32", False, sinks="off")
+        s["sinks/low"] = slot(Dims(1, 8, 20, 4, 2, 32), "bfloat16", True, sinks="low", grad=True)
+        s["sinks/off"] = slot(Dims(1, 8, 20, 4, 2, 32), "float32", False, sinks="off")
     else:
         w = 128
         n = 3 * w + r(1, 300)
@@ -404,7 +405,7 @@ def draw_feature_slots(seed: int, level: str = "full") -> dict[str, dict]:
         if d.kv_len == 0:
             spec["dims"] = d._replace(kv_len=d.q_len)
         elif d.q_len == 0:
-            spec["dims"] = d._replace(q_len=d.kv_len + (8 + r(0, 3) if quick else 200 + r(0, 100)))
+            spec["dims"] = d._replace(q_len=d.kv_len + (9 if quick else 200 + r(0, 100)))
         if name == "window/all":
-            spec["window"] = (spec["dims"].kv_len - 1 + r(0, 5), None)
+            spec["window"] = (spec["dims"].kv_len - 1 + (2 if quick else r(0, 5)), None)
     return s
