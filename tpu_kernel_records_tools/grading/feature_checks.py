@@ -45,9 +45,13 @@ def _runs(rng: np.random.Generator, length: int, longest: int, ids) -> np.ndarra
 
 def _packed(rng: np.random.Generator, length: int, quick: bool) -> np.ndarray:
     """Document ids 0, 1, ... of a packed training row: 4-16 documents (3-6 at the quick level), one of
-    them a single key long, boundaries anywhere (inside tiles)."""
+    them a single key long, boundaries anywhere (inside tiles), the last past three quarters of the row
+    (its rows see no key of the leading quarters: whole leading key blocks masked, at any tile size)."""
     docs = int(rng.integers(3, 7) if quick else rng.integers(4, 17))
     cuts = np.sort(rng.choice(np.arange(2, length - 1), size=docs - 2, replace=False))
+    if cuts[-1] < 3 * length // 4:
+        cuts[-1] = rng.integers(3 * length // 4, length - 1)
+        cuts = np.unique(cuts)
     cuts = np.concatenate([cuts, [cuts[-1] + 1]]) if cuts[-1] + 1 < length else np.concatenate([[1], cuts])
     return np.searchsorted(np.unique(cuts), np.arange(length), side="right").astype(np.int32)
 
