@@ -372,59 +372,72 @@ def tpu_tiles(q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int, head
 # `//` on traced ints via sign().
 
 
-def _div(x, d: int):
-    return lax.div(x, jnp.asarray(d, jnp.asarray(x).dtype))
+def _xp(*values):
+    """NumPy for Python ints and NumPy values (the tests' and static plans' counts, no compile per
+    shape), ``jax.numpy`` for anything traced or on a device."""
+    return np if all(isinstance(x, (int, np.integer, np.ndarray)) for x in values) else jnp
+
+
+def _div(xp, x, d: int):
+    """``x // d`` for ``x >= 0``: lax.div when traced (Mosaic lowers ``//`` via sign())."""
+    if xp is np:
+        return np.asarray(x) // d
+    x = jnp.asarray(x)
+    return lax.div(x, jnp.asarray(d, x.dtype))
 
 
 def key_block_range(qi, length, block_q: int, block_k: int, plan: Plan):
     """``(lo, hi)``: key blocks ``[lo, hi)`` hold every key a real row of query block ``qi`` may
     see (bottom-right causal, ``length``, the window); ``hi == lo`` when they hold none."""
+    xp = _xp(qi, length)
     left, right = plan.reach
     first = qi * block_q  # the block's first row, and its last real one
-    last = jnp.minimum((qi + 1) * block_q, plan.q_len) - 1
-    start = jnp.zeros_like(jnp.asarray(first))
+    last = xp.minimum((qi + 1) * block_q, plan.q_len) - 1
+    start = xp.zeros_like(first)
     if left is not None:
-        start = jnp.maximum(first + plan.offset - left, 0)
-    end = jnp.minimum(length, plan.kv_len)
+        start = xp.maximum(first + plan.offset - left, 0)
+    end = xp.minimum(length, plan.kv_len)
     if right is not None:
-        end = jnp.minimum(end, last + plan.offset + right + 1)
+        end = xp.minimum(end, last + plan.offset + right + 1)
     empty = (last < first) | (end <= start)
-    lo = _div(start, block_k)
-    hi = _div(jnp.maximum(end, 0) + (block_k - 1), block_k)
-    return lo, jnp.where(empty, lo, hi)
+    lo = _div(xp, start, block_k)
+    hi = _div(xp, xp.maximum(end, 0) + (block_k - 1), block_k)
+    return lo, xp.where(empty, lo, hi)
 
 
 def query_block_range(ki, length, block_q: int, block_k: int, plan: Plan):
     """``(lo, hi)``: query blocks ``[lo, hi)`` hold every real row that may see a key of key block
     ``ki`` (none past ``length``); ``hi == lo`` (the last real query block) when they hold none."""
+    xp = _xp(ki, length)
     left, right = plan.reach
     first = ki * block_k  # the block's first key, and its last one before the length
-    last = jnp.minimum(jnp.minimum((ki + 1) * block_k, length), plan.kv_len) - 1
-    start = jnp.zeros_like(jnp.asarray(first))
+    last = xp.minimum(xp.minimum((ki + 1) * block_k, length), plan.kv_len) - 1
+    start = xp.zeros_like(first)
     if right is not None:  # row i sees key j only if j <= i + offset + right
-        start = jnp.maximum(first - plan.offset - right, 0)
-    end = jnp.full_like(jnp.asarray(first), plan.q_len)
+        start = xp.maximum(first - plan.offset - right, 0)
+    end = xp.full_like(first, plan.q_len)
     if left is not None:  # and only if j >= i + offset - left
-        end = jnp.minimum(end, last - plan.offset + left + 1)
+        end = xp.minimum(end, last - plan.offset + left + 1)
     empty = (last < first) | (end <= start)
-    lo = _div(start, block_q)
-    hi = _div(jnp.maximum(end, 0) + (block_q - 1), block_q)
+    lo = _div(xp, start, block_q)
+    hi = _div(xp, xp.maximum(end, 0) + (block_q - 1), block_q)
     # none: the last real query block, where a causal walk ends, so the key blocks past the length
     # that follow it re-use its tiles (no new DMA)
     none = (max(plan.q_len, 1) - 1) // block_q
-    return jnp.where(empty, none, lo), jnp.where(empty, none, hi)
+    return xp.where(empty, none, lo), xp.where(empty, none, hi)
 
 
 def range_steps(lo, hi):
     """Blocks in ``[lo, hi)``: the computing steps of a walk over it."""
-    return jnp.maximum(hi - lo, 0)
+    return _xp(lo, hi).maximum(hi - lo, 0)
 
 
 def range_block(lo, hi, step, num_blocks: int):
     """The block step ``step`` of a walk over ``[lo, hi)`` reads: ``lo + step``, and the last
     block of the range for the steps past it (so they fetch nothing new), within the array."""
-    last = jnp.maximum(range_steps(lo, hi) - 1, 0)
-    return jnp.clip(lo + jnp.minimum(step, last), 0, num_blocks - 1)
+    xp = _xp(lo, hi, step)
+    last = xp.maximum(range_steps(lo, hi) - 1, 0)
+    return xp.clip(lo + xp.minimum(step, last), 0, num_blocks - 1)
 
 
 def max_key_steps(block_q: int, block_k: int, num_q_blocks: int, num_k_blocks: int,
@@ -432,18 +445,16 @@ def max_key_steps(block_q: int, block_k: int, num_q_blocks: int, num_k_blocks: i
     """The widest key range over the query blocks (every key valid): the static length of a key
     walk. ``num_k_blocks`` without a window bound; about ``(left + right + block_q) / block_k``
     with one."""
-    with jax.ensure_compile_time_eval():  # concrete even while a caller is being traced
-        lo, hi = key_block_range(np.arange(num_q_blocks), plan.kv_len, block_q, block_k, plan)
-        widest = int(np.max(np.asarray(range_steps(lo, hi)), initial=0))
+    lo, hi = key_block_range(np.arange(num_q_blocks), plan.kv_len, block_q, block_k, plan)
+    widest = int(np.max(range_steps(lo, hi), initial=0))
     return max(1, min(num_k_blocks, widest))
 
 
 def max_query_steps(block_q: int, block_k: int, num_q_blocks: int, num_k_blocks: int,
                     plan: Plan) -> int:
     """The widest query range over the key blocks: the static length of a query walk."""
-    with jax.ensure_compile_time_eval():
-        lo, hi = query_block_range(np.arange(num_k_blocks), plan.kv_len, block_q, block_k, plan)
-        widest = int(np.max(np.asarray(range_steps(lo, hi)), initial=0))
+    lo, hi = query_block_range(np.arange(num_k_blocks), plan.kv_len, block_q, block_k, plan)
+    widest = int(np.max(range_steps(lo, hi), initial=0))
     return max(1, min(num_q_blocks, widest))
 
 
