@@ -52,7 +52,9 @@ class Target:
 PKG = "tpu_kernel_records_tools"
 TARGETS = {t.name: t for t in (
     Target("tolerance", f"{PKG}/grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
-    Target("truth", f"{PKG}/grading/oracle.py", ("tests/test_truth.py",), 20),
+    Target("truth", f"{PKG}/grading/oracle.py", ("tests/test_truth.py", "tests/test_truth_features.py"), 20),
+    Target("features", f"{PKG}/grading/feature_checks.py",
+           ("tests/test_features_grading.py", "tests/test_feature_builtins.py"), 12),
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
     Target("checks", f"{PKG}/grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
                                                 "tests/test_checks_quick.py", "tests/test_grader_speed.py"), 20),
