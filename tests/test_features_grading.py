@@ -222,3 +222,29 @@ def test_the_sink_slots_probe_what_the_issue_lists(seed):
     low = ps["sinks/low"]
     assert np.all(low.sinks < -np.abs(_logits(low)).max() - 30)
     assert np.all(ps["sinks/off"].sinks <= -1e30)
+
+
+def test_measure_grades_a_known_bad_on_the_feature_its_bug_is_in(monkeypatch):
+    """A measured kernel is graded on every feature it declares; a known-bad on its intended checks' features."""
+    from tpu_kernel_records_tools.grading import rubric
+    from tpu_kernel_records_tools.measure import run as run_module
+
+    asked = {}
+
+    class Card:
+        def __init__(self, name):
+            self.name = name
+
+        def to_dict(self):
+            return {"candidate": self.name}
+
+    def fake_grade(name, *, seed, level, features):
+        asked[name] = (level, features)
+        return Card(name)
+
+    monkeypatch.setattr(rubric, "grade", fake_grade)
+    cards = run_module.grade(["reference"], seed=0, progress=False, known_bad=["sinks-scaled", "nan-first-block", "zeros"],
+                             kernel_level="full")
+    assert [c["candidate"] for c in cards] == ["reference", "sinks-scaled", "nan-first-block", "zeros"]
+    assert asked == {"reference": ("full", None), "sinks-scaled": ("quick", ["sinks"]),
+                     "nan-first-block": ("quick", ["window", "segments"]), "zeros": ("quick", [])}

@@ -80,9 +80,10 @@ def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
 
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
           known_bad: Sequence[str] | None = None, kernel_level: str = "full") -> list[dict[str, Any]]:
-    """Scorecards of ``kernels`` at the full level and of the known-bad candidates (default: every
-    built-in one; ``()``: none) at the quick level, each candidate in its own worker process; every
-    scorecard says its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
+    """Scorecards of ``kernels`` at the full level (every feature they declare) and of the known-bad
+    candidates (default: every built-in one; ``()``: none) at the quick level (the base contract and the
+    features their intended checks grade), each candidate in its own worker process; every scorecard
+    says its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
     kernels' verdict is the one that counts, so it gets the model-sized problems.
 
     If the rubric itself cannot run, each kernel gets a failed scorecard naming the error, so the
@@ -90,12 +91,17 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
     """
     try:
         from ..grading import candidates, rubric
+        from kernel_src.contract import FEATURES
 
         if known_bad is None:
             known_bad = [name for name, c in candidates.BUILTIN.items() if c.kind == "known-bad"]
         names = list(dict.fromkeys([*kernels, *known_bad]))
         levels = {name: kernel_level if name in kernels else "quick" for name in names}
-        return [rubric.grade(name, seed=seed, level=levels[name]).to_dict()
+        # A known-bad is graded on the base contract and the feature its bug is in (its intended checks),
+        # not on every feature it declares: that is what showing the rubric still rejects it needs.
+        features = {name: None if name in kernels else
+                    [c for c in candidates.resolve(name).catches if c in FEATURES] for name in names}
+        return [rubric.grade(name, seed=seed, level=levels[name], features=features[name]).to_dict()
                 for name in tqdm(names, desc="rubric", unit="candidate", disable=not progress)]
     except Exception as error:  # noqa: BLE001 - recorded in the run, which the builder then rejects
         return [_failed_scorecard(name, error) for name in kernels]
