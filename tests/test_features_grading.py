@@ -248,3 +248,21 @@ def test_measure_grades_a_known_bad_on_the_feature_its_bug_is_in(monkeypatch):
     assert [c["candidate"] for c in cards] == ["reference", "sinks-scaled", "nan-first-block", "zeros"]
     assert asked == {"reference": ("full", None), "sinks-scaled": ("quick", ["sinks"]),
                      "nan-first-block": ("quick", ["window", "segments"]), "zeros": ("quick", [])}
+
+
+@pytest.mark.parametrize("level", ["quick", "full"])
+def test_the_window_leak_probes_change_keys_that_no_row_sees(level):
+    """The window check's leak probes (window/chunk, window/odd) hide real keys from every row, and change them."""
+    from tpu_kernel_records_tools.grading.feature_checks import _hidden_from_all
+    from tpu_kernel_records_tools.grading.checks import _perturb_keys
+
+    ctx = C.Context(None, 0, level=level)
+    for name in ("window/chunk", "window/odd"):
+        rng = np.random.default_rng(1)
+        p = feature_problem(ctx, rng, name, grad=False)
+        hidden = _hidden_from_all(p)
+        assert hidden.sum() >= 2, name
+        assert not (hidden[:, :, None] & _visible(p).transpose(0, 2, 1)).any()  # no row sees them
+        changed = _perturb_keys(p, rng, hidden, "changed")
+        moved = np.any(changed.host("v") != p.host("v"), axis=(2, 3))
+        assert np.array_equal(moved, hidden), name
