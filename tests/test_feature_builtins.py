@@ -33,6 +33,7 @@ BADS = {
     "sinks-scaled": ("random sinks",),
     "sinks-per-kv-head": ("random sinks",),
     "sinks-unshifted": ("random sinks",),
+    "sinks-frozen": ("dsinks",),
     "nan-first-block": (" nan", "segments/packed("),  # NaN, or the packed rows it poisons (their documents start late)
 }
 CORRECT = ["online-softmax-features", "flash-style-features"]

@@ -266,3 +266,14 @@ def test_the_window_leak_probes_change_keys_that_no_row_sees(level):
         changed = _perturb_keys(p, rng, hidden, "changed")
         moved = np.any(changed.host("v") != p.host("v"), axis=(2, 3))
         assert np.array_equal(moved, hidden), name
+
+
+@pytest.mark.parametrize("level", ["quick", "full"])
+def test_the_softcap_leak_probe_changes_padding_only(level):
+    from tpu_kernel_records_tools.grading.feature_checks import padding_under_cap
+
+    kind, p, changed, rows, _ = padding_under_cap(C.Context(None, 0, level=level), np.random.default_rng(2))
+    assert kind == "leak" and p.softcap == 5.0 and rows.all()
+    padding = np.arange(p.k.shape[1])[None, :] >= p.lengths[:, None]
+    moved = np.any(changed.host("k") != p.host("k"), axis=(2, 3))
+    assert padding.any() and np.array_equal(moved, padding)

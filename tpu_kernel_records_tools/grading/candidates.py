@@ -490,6 +490,7 @@ class FeatureSwitches(NamedTuple):
     sinks_scaled: bool = False          # sink multiplied by scale
     sinks_per_kv_head: bool = False     # query head h reads sinks[h // group]
     sinks_unshifted: bool = False       # exp(sink) added to a denominator of exp(s - m), m the keys' max only
+    sinks_frozen: bool = False          # the sinks enter through stop_gradient: dsinks is zero, the forward exact
 
 
 def _clamped_columns(x: jax.Array, start: int, n: int) -> jax.Array:
@@ -541,7 +542,7 @@ def _attend_features(q, k, v, lengths, causal, scale, window, has_window, cap, q
     if has_sinks:
         sink = jnp.where(sw.sinks_per_kv_head, jnp.repeat(sinks[:hk], group), sinks) \
             * jnp.where(sw.sinks_scaled, scale, 1.0)
-        sink = sink[None, :, None, None]
+        sink = jnp.where(sw.sinks_frozen, jax.lax.stop_gradient(sink), sink)[None, :, None, None]
         m = jnp.where(sw.sinks_unshifted, m, jnp.maximum(m, sink))
     m = jax.lax.stop_gradient(jnp.where(jnp.isfinite(m), m, 0.0))
     e = jnp.where(vis, jnp.exp(s - m), 0.0)
@@ -967,6 +968,8 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
     _bad("sinks-unshifted", "Sink added outside the max-shifted frame: exp(sink) joins a denominator of "
          "exp(s - max) (exact only when the row max is 0).", ("sinks",),
          _constant(_feature_variant(sinks_unshifted=True))),
+    _bad("sinks-frozen", "The sinks enter through stop_gradient (a learned sink that never learns): the "
+         "forward is exact, dsinks is zero.", ("sinks",), _constant(_feature_variant(sinks_frozen=True))),
     _bad("nan-first-block", "Online softmax over 16-key chunks that guards only rows with no visible key at "
          "all: a row whose first chunk its window or segment hides whole gets exp(-inf - -inf) = NaN.",
          ("window", "segments"),

@@ -233,15 +233,19 @@ def check_window(ctx: Context) -> Outcome:
                                       "window changed, a window that covers every key")
 
 
+def padding_under_cap(ctx: Context, rng: np.random.Generator) -> tuple:
+    """The softcap check's leak probe: padding keys (past kv_lengths) changed under a cap of 5."""
+    p = feature_problem(ctx, rng, "softcap/cap5", grad=False)
+    hidden = np.arange(p.k.shape[1])[None, :] >= p.lengths[:, None]
+    return ("leak", p, _perturb_keys(p, rng, hidden, f"{p.label} padding changed"), np.ones(p.q.shape[:2], bool),
+            "padding keys changed under a cap of 5 (a cap applied after the mask lets them back in)")
+
+
 def check_softcap(ctx: Context) -> Outcome:
     def build(r):
         out = [("accuracy", feature_problem(ctx, r(n), name))
                for n, name in enumerate(("softcap/cap5", "softcap/cap50", "softcap/d256"))]
-        rng = r(10)
-        p = feature_problem(ctx, rng, "softcap/cap5", grad=False)
-        hidden = np.arange(p.k.shape[1])[None, :] >= p.lengths[:, None]
-        out.append(("leak", p, _perturb_keys(p, rng, hidden, f"{p.label} padding changed"), np.ones(p.q.shape[:2], bool),
-                    "padding keys changed under a cap of 5 (a cap applied after the mask lets them back in)"))
+        out.append(padding_under_cap(ctx, r(10)))
         out.append(_no_op(feature_problem(ctx, r(20), "softcap/huge"), "softcap"))
         return out
     return _run(ctx, "softcap", build, "caps of 5 and 50 with logits far past them, a non-default scale, causal and "
