@@ -31,7 +31,7 @@ import numpy as np
 import pytest
 
 from kernel_src.backend import tpu_interpret_races_found
-from kernel_src.contract import FEATURES, declared_features, visibility_mask, visible
+from kernel_src.contract import FEATURES, declared_features, visible
 from kernel_src.flash import FlashBlockSizes, flash_attention, plan as flash_plan, tpu as flash_tpu
 from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading.feature_checks import _empty_row_violations
@@ -206,26 +206,40 @@ def test_segment_tables_keep_every_block_a_row_may_see_and_pass_over_the_others(
     lists each outer block's needed blocks in order, then repeats its last."""
     plan = flash_plan.Plan(Q_LEN, KV_LEN, 2, 1, False, 1.0, BLOCKS, "mosaic", True, window=WINDOW,
                            segments=True)
-    q_ids, kv_ids = (jnp.asarray(np.broadcast_to(x, (2, x.size))) for x in (Q_IDS, KV_IDS))
-    pad = lambda x, n: jnp.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
+    q_ids, kv_ids = (np.broadcast_to(x, (2, x.size)) for x in (Q_IDS, KV_IDS))
+    pad = lambda x, n: np.pad(x, ((0, 0), (0, n - x.shape[1])))  # noqa: E731
     q_pad, kv_pad = pad(q_ids, 48), pad(kv_ids, 80)
-    mask = np.asarray(visibility_mask(Q_LEN, KV_LEN, False, jnp.asarray(LENGTHS), WINDOW, q_ids, kv_ids))
+    mask = visible(np.arange(Q_LEN)[None, :, None], np.arange(KV_LEN)[None, None, :], Q_LEN, KV_LEN,
+                   False, LENGTHS[:, None, None], WINDOW, q_ids[:, :, None], kv_ids[:, None, :])
     for by_key in (False, True):
-        needed = np.asarray(flash_plan.needed_blocks(jnp.asarray(LENGTHS), q_pad, kv_pad, 16, 16,
-                                                     plan, by_key))
+        needed = np.asarray(flash_plan.needed_blocks(LENGTHS, q_pad, kv_pad, 16, 16, plan,
+                                                     by_key))
         exact = np.zeros((2, 3, 5), bool)
         for b, qi, ki in itertools.product(range(2), range(3), range(5)):
             exact[b, qi, ki] = mask[b, qi * 16:(qi + 1) * 16, ki * 16:(ki + 1) * 16].any()
         exact = exact.transpose(0, 2, 1) if by_key else exact
         assert not (exact & ~needed).any()  # every block a row may see is kept
         np.testing.assert_array_equal(needed, exact)  # these ids' ranges are exact
-    needed = np.asarray(flash_plan.needed_blocks(jnp.asarray(LENGTHS), q_pad, kv_pad, 16, 16, plan))
+    needed = flash_plan.needed_blocks(LENGTHS, q_pad, kv_pad, 16, 16, plan)
     assert needed[0].astype(int).tolist() == [[0, 1, 0, 1, 0], [0, 0, 1, 0, 1], [0, 0, 0, 0, 1]]
     assert needed[1].astype(int).tolist() == [[0, 1, 0, 1, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]]
-    table, count = (np.asarray(x) for x in flash_plan.block_table(jnp.asarray(needed), 3))
+    table, count = flash_plan.block_table(needed, 3)
     assert count.tolist() == [[2, 2, 1], [2, 1, 0]]
     assert table[0].tolist() == [[1, 3, 3], [2, 4, 4], [4, 4, 4]]
     assert table[1].tolist() == [[1, 3, 3], [2, 2, 2], [0, 0, 0]]
+
+    # whole tiles (no mask, no where) with ids: exactly those whose two blocks hold one id, and
+    # every pair visible otherwise (causal, packed documents of 24, 9 and 7 positions, blocks of 8)
+    plan = flash_plan.Plan(40, 40, 2, 1, True, 1.0, BLOCKS, "mosaic", True, segments=True)
+    ids = np.repeat(np.arange(3, dtype=np.int32), [24, 9, 7])[None]
+    walk = flash_tpu.Walk(plan, 8, 8, 5, 5, by_key=False)
+    pre = walk.arrays(np.asarray([40], np.int32), (ids, ids))
+    got = walk.whole(0, np.arange(5)[:, None], np.arange(5)[None, :], pre)
+    mask = visible(np.arange(40)[:, None], np.arange(40)[None, :], 40, 40, True, 40, None,
+                   ids[0][:, None], ids[0][None, :])
+    whole = mask.reshape(5, 8, 5, 8).all(axis=(1, 3))
+    np.testing.assert_array_equal(got, whole)
+    assert whole.sum() == 3  # tiles (1, 0), (2, 0), (2, 1): document 0's, below the diagonal
 
 
 def _fetches(index_map, grid, pre) -> int:

@@ -21,21 +21,32 @@ from kernel_src.flash import FlashBlockSizes, flash_attention, plan as flash_pla
 BLOCKS = FlashBlockSizes(128, 128, 128, 128, 128, 128)
 
 
+def _features(q_heads, q_len, kv_len) -> dict:
+    """Every feature of the contract: a 20-key window (query block 1 needs key block 1 only), a
+    cap, packed segment ids (the queries are the last keys) and a sink per query head."""
+    rng = np.random.default_rng(4)
+    kv_ids = np.sort(rng.integers(0, 5, (2, kv_len)), axis=1).astype(np.int32)
+    return dict(window_size=(20, 0), softcap=20.0, q_segment_ids=jnp.asarray(kv_ids[:, kv_len - q_len:]),
+                kv_segment_ids=jnp.asarray(kv_ids),
+                sinks=jnp.asarray(rng.standard_normal(q_heads).astype(np.float32)))
+
+
 def _outputs(layout, dtype, q_heads, kv_heads, head_dim=128, q_len=136, kv_len=200,
-             interpret=True):
+             interpret=True, features=False):
     """Forward-only output, then (output, dq, dk, dv) of one VJP; causal, ragged kv_lengths,
-    sequences padded to two blocks each."""
+    sequences padded to two blocks each; ``features``: with every feature (``_features``)."""
     rng = np.random.default_rng(3)
     shapes = [(2, q_len, q_heads, head_dim), (2, kv_len, kv_heads, head_dim),
               (2, kv_len, kv_heads, head_dim), (2, q_len, q_heads, head_dim)]
     q, k, v, do = (jnp.asarray(rng.standard_normal(s, np.float32)).astype(dtype) for s in shapes)
     lengths = jnp.asarray([kv_len, 77], jnp.int32)
+    extra = _features(q_heads, q_len, kv_len) if features else {}
 
     @jax.jit
     def run(q, k, v, do):
         def attend(q, k, v):
             return flash_attention(q, k, v, causal=True, kv_lengths=lengths, block_sizes=BLOCKS,
-                                   interpret=interpret, layout=layout)
+                                   interpret=interpret, layout=layout, **extra)
         out, vjp = jax.vjp(attend, q, k, v)
         return (attend(q, k, v), out, *vjp(do))
     return [np.asarray(x.astype(jnp.float32)) for x in run(q, k, v, do)]
@@ -54,6 +65,22 @@ def test_a_layout_gives_exactly_what_the_in_place_layout_gives(layout, dtype, q_
     for name, want, have in zip(names, expected, got):
         assert np.abs(want).max() > 0, name  # something was computed
         np.testing.assert_array_equal(have, want, err_msg=f"{layout} {name}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["rows", "flat"])
+def test_every_feature_gives_in_a_layout_exactly_what_the_in_place_layout_gives(layout):
+    """The features' logic is the layouts' common part (the plan's masks, ranges and statistics;
+    ids and sinks are inputs of their own), so the layouts jax < 0.7 compiles agree bit for bit
+    with every feature on too: bf16 head pairs in 32-bit words ("rows"), lane windows ("flat")."""
+    expected = _outputs("heads", jnp.bfloat16, 4, 2, features=True)
+    got = _outputs(layout, jnp.bfloat16, 4, 2, features=True)
+    names = ("forward-only out", "out", "dq", "dk", "dv")
+    for name, want, have in zip(names, expected, got):
+        assert np.abs(want).max() > 0, name
+        np.testing.assert_array_equal(have, want, err_msg=f"{layout} {name}")
+    plain = _outputs("heads", jnp.bfloat16, 4, 2)
+    assert not np.array_equal(plain[0], expected[0])  # the features changed the output
 
 
 def test_the_rows_layout_reads_no_word_before_it_is_written(tpu_interpret):

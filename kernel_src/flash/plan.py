@@ -458,11 +458,12 @@ def max_query_steps(block_q: int, block_k: int, num_q_blocks: int, num_k_blocks:
     return max(1, min(num_q_blocks, widest))
 
 
-def whole_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan):
+def whole_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan, same_ids=None):
     """True when every (query, key) pair of the tile is visible and no query row is padding:
-    no mask cuts it, so its kernels may skip the iota compares and ``where``s. Never with segment
-    ids (a tile's ids are not known here)."""
-    if plan.segments:
+    no mask cuts it, so its kernels may skip the iota compares and ``where``s. With segment ids
+    ``same_ids`` must say that every row and key of the two blocks holds one and the same id
+    (``segment_bounds``); without it such a tile is never whole."""
+    if plan.segments and same_ids is None:
         return False
     left, right = plan.reach
     key_end = (ki + 1) * block_k
@@ -471,7 +472,7 @@ def whole_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan):
         whole = whole & (key_end - 1 <= qi * block_q + plan.offset + right)
     if left is not None:  # and its first key to its last row
         whole = whole & (ki * block_k >= (qi + 1) * block_q - 1 + plan.offset - left)
-    return whole
+    return whole & same_ids if plan.segments else whole
 
 
 def visible_tile(qi, ki, block_q: int, block_k: int, length, plan: Plan,
@@ -498,31 +499,39 @@ _ID_MAX, _ID_MIN = np.iinfo(np.int32).max, np.iinfo(np.int32).min
 def block_id_bounds(ids, valid_len: int, block: int):
     """``(min, max)`` int32 ``[batch, blocks]`` of the ids of each block of ``ids``
     (``[batch, pad]``), positions from ``valid_len`` on left out (a block of none: max < min)."""
+    xp = _xp(ids)
     batch, pad = ids.shape
-    valid = jnp.arange(pad)[None, :] < valid_len
-    lo = jnp.where(valid, ids, _ID_MAX).reshape(batch, pad // block, block).min(axis=-1)
-    hi = jnp.where(valid, ids, _ID_MIN).reshape(batch, pad // block, block).max(axis=-1)
-    return lo, hi
+    valid = xp.arange(pad)[None, :] < valid_len
+    lo = xp.where(valid, ids, _ID_MAX).reshape(batch, pad // block, block).min(axis=-1)
+    hi = xp.where(valid, ids, _ID_MIN).reshape(batch, pad // block, block).max(axis=-1)
+    return lo.astype(np.int32), hi.astype(np.int32)
+
+
+def segment_bounds(q_ids, kv_ids, block_q: int, block_k: int, plan: Plan):
+    """``(q_lo, q_hi, k_lo, k_hi)``: int32 ``[batch, blocks]`` id ranges of the query blocks and
+    key blocks of the padded ids ``[batch, q_pad]``, ``[batch, kv_pad]`` (``block_id_bounds``)."""
+    return (*block_id_bounds(q_ids, plan.q_len, block_q),
+            *block_id_bounds(kv_ids, plan.kv_len, block_k))
 
 
 def needed_blocks(lengths, q_ids, kv_ids, block_q: int, block_k: int, plan: Plan,
-                  by_key: bool = False):
+                  by_key: bool = False, bounds=None):
     """Bool ``[batch, query blocks, key blocks]`` (``by_key``: ``[batch, key blocks, query
     blocks]``): the pair is in its range (``key_block_range``, or ``query_block_range`` by key)
     and, with segment ids (``[batch, q_pad]``, ``[batch, kv_pad]``), the two blocks' id ranges
-    overlap."""
+    overlap (``bounds``: ``segment_bounds``'s, if already computed)."""
+    xp = _xp(lengths, q_ids, kv_ids)
     nq, nk = q_ids.shape[1] // block_q, kv_ids.shape[1] // block_k
     length = lengths[:, None, None]
     if by_key:
-        ki, qi = jnp.arange(nk)[None, :, None], jnp.arange(nq)[None, None, :]
+        ki, qi = xp.arange(nk)[None, :, None], xp.arange(nq)[None, None, :]
         lo, hi = query_block_range(ki, length, block_q, block_k, plan)
         need = (qi >= lo) & (qi < hi)
     else:
-        qi, ki = jnp.arange(nq)[None, :, None], jnp.arange(nk)[None, None, :]
+        qi, ki = xp.arange(nq)[None, :, None], xp.arange(nk)[None, None, :]
         lo, hi = key_block_range(qi, length, block_q, block_k, plan)
         need = (ki >= lo) & (ki < hi)
-    q_lo, q_hi = block_id_bounds(q_ids, plan.q_len, block_q)
-    k_lo, k_hi = block_id_bounds(kv_ids, plan.kv_len, block_k)
+    q_lo, q_hi, k_lo, k_hi = bounds or segment_bounds(q_ids, kv_ids, block_q, block_k, plan)
     if by_key:
         q_lo, q_hi, k_lo, k_hi = q_lo[:, None, :], q_hi[:, None, :], k_lo[:, :, None], k_hi[:, :, None]
     else:
@@ -534,14 +543,15 @@ def block_table(needed, steps: int):
     """``(table, count)`` of a bool ``[batch, outer, inner]``: int32 ``[batch, outer, steps]``
     holding each outer block's needed inner blocks in increasing order, then its last needed block
     again (block 0 if none), and int32 ``[batch, outer]`` how many are needed (at most ``steps``)."""
+    xp = _xp(needed)
     inner = needed.shape[-1]
-    index = jnp.arange(inner, dtype=jnp.int32)
-    order = jnp.sort(jnp.where(needed, index, inner + index), axis=-1) % inner
-    count = jnp.sum(needed, axis=-1, dtype=jnp.int32)
+    index = xp.arange(inner, dtype=np.int32)
+    order = xp.sort(xp.where(needed, index, inner + index), axis=-1) % inner
+    count = xp.sum(needed, axis=-1, dtype=np.int32)
     order = order[..., :steps]
-    last = jnp.take_along_axis(order, jnp.maximum(count - 1, 0)[..., None], axis=-1)
-    table = jnp.where(jnp.arange(steps) < count[..., None], order, last)
-    return table.astype(jnp.int32), count
+    last = xp.take_along_axis(order, xp.maximum(count - 1, 0)[..., None], axis=-1)
+    table = xp.where(xp.arange(steps) < count[..., None], order, last)
+    return table.astype(np.int32), count
 
 
 # --------------------------------------------------------------------------------------------

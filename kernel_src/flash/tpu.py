@@ -45,6 +45,7 @@ from kernel_src import backend
 from kernel_src.flash.heads import WORD, Heads, needs_words
 from kernel_src.flash.plan import (F32, LANES, TRANS_B, Plan, block_table, finish,
                                    initial_stats, key_block_range, logit_grads, logits,
+                                   segment_bounds,
                                    max_key_steps, max_query_steps, needed_blocks,
                                    online_softmax_step, query_block_range, range_block,
                                    range_steps, score_grads, scores, visible_tile, vmem_limits,
@@ -106,7 +107,9 @@ class Walk:
     ``(window + outer block) / inner block``, not every inner block. With segment ids the blocks
     come from a table instead (``plan.block_table``, scalar-prefetched, flat): each outer block's
     needed blocks, the id ranges of the two blocks overlapping, in order, then the last again.
-    Scalar prefetch: ``lengths`` and, with a table, the table and the counts.
+    Scalar prefetch: ``lengths`` and, with a table, the table, the counts and the id ranges of
+    the query and key blocks (``plan.segment_bounds``: a tile whose blocks hold one and the same
+    id is whole).
     """
 
     def __init__(self, plan: Plan, block_q: int, block_k: int, num_q_blocks: int,
@@ -116,17 +119,21 @@ class Walk:
                                           else (num_q_blocks, num_k_blocks))
         widest = max_query_steps if by_key else max_key_steps
         self.steps = widest(block_q, block_k, num_q_blocks, num_k_blocks, plan)
+        self.num_q_blocks, self.num_k_blocks = num_q_blocks, num_k_blocks
         self.table = plan.segments
-        self.num_prefetch = 3 if self.table else 1
+        self.num_prefetch = 7 if self.table else 1
 
     def arrays(self, lengths, ids) -> tuple:
         """The scalar-prefetch arrays: ``(lengths,)``, with segment ids ``(lengths, table,
         counts)`` (``ids``: the padded ``[batch, q_pad]``, ``[batch, kv_pad]`` ids)."""
         if not self.table:
             return (lengths,)
-        needed = needed_blocks(lengths, *ids, self.block_q, self.block_k, self.plan, self.by_key)
+        bounds = segment_bounds(*ids, self.block_q, self.block_k, self.plan)
+        needed = needed_blocks(lengths, *ids, self.block_q, self.block_k, self.plan, self.by_key,
+                               bounds)
         table, count = block_table(needed, self.steps)
-        return lengths, table.reshape(-1), count.reshape(-1)
+        return (lengths, table.reshape(-1), count.reshape(-1),
+                *(bound.reshape(-1) for bound in bounds))
 
     def _range(self, outer, length):
         find = query_block_range if self.by_key else key_block_range
@@ -139,6 +146,16 @@ class Walk:
             return pre[1][(b * self.num_outer + outer) * self.steps + step]
         lo, hi = self._range(outer, pre[0][b])
         return range_block(lo, hi, step, self.num_inner)
+
+    def whole(self, b, qi, ki, pre):
+        """``plan.whole_tile`` of the tile (query block ``qi``, key block ``ki``): with segment
+        ids only where both blocks hold one and the same id."""
+        same = None
+        if self.table:
+            q_lo, q_hi = (pre[i][b * self.num_q_blocks + qi] for i in (3, 4))
+            k_lo, k_hi = (pre[i][b * self.num_k_blocks + ki] for i in (5, 6))
+            same = (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)
+        return whole_tile(qi, ki, self.block_q, self.block_k, pre[0][b], self.plan, same)
 
     def count(self, b, outer, pre):
         """How many steps of outer block ``outer`` compute."""
@@ -205,7 +222,7 @@ def _forward_kernel(*refs, plan: Plan, walk: Walk, with_lse: bool):
 
     @pl.when(step < walk.count(b, qi, pre))
     def _step():
-        whole = whole_tile(qi, ki, block_q, block_k, length, plan)
+        whole = walk.whole(b, qi, ki, pre)
         k.copy_words()
         v.copy_words()
 
@@ -268,7 +285,7 @@ def _dq_kernel(*refs, plan: Plan, walk: Walk):
 
     @pl.when(step < walk.count(b, qi, pre))
     def _step():
-        whole = whole_tile(qi, ki, block_q, block_k, length, plan)
+        whole = walk.whole(b, qi, ki, pre)
         k.copy_words()
         v.copy_words()
 
@@ -322,7 +339,7 @@ def _dkv_kernel(*refs, plan: Plan, walk: Walk):
 
     @pl.when(step < walk.count(b, ki, pre))
     def _step():
-        whole = whole_tile(qi, ki, block_q, block_k, length, plan)
+        whole = walk.whole(b, qi, ki, pre)
         q.copy_words()
         do.copy_words()
 
