@@ -97,3 +97,27 @@ def test_explicit_options_still_override():
 def test_tpu_defaults_are_lane_aligned():
     blocks = FlashBlockSizes.for_platform("tpu")
     assert all(getattr(blocks, name) % 128 == 0 for name in blocks.__dataclass_fields__)
+
+
+def test_every_feature_lowers_for_tpu_and_cuda():
+    """A window, a cap, segment ids and sinks (their gradient too) lower to the Mosaic and the
+    Triton kernels (Triton: the needed-block row read per block, a ``cond`` around each block)."""
+    q = jax.ShapeDtypeStruct((BATCH, 72, 2, 64), jnp.bfloat16)
+    kv = jax.ShapeDtypeStruct((BATCH, 72, 1, 64), jnp.bfloat16)
+    ids = jax.ShapeDtypeStruct((BATCH, 72), jnp.int32)
+
+    def forward_and_vjp(q, k, v, lengths, q_ids, kv_ids, sinks):
+        def attend(q, k, v, sinks):
+            return flash_attention(q, k, v, causal=True, kv_lengths=lengths, window_size=(31, 0),
+                                   softcap=20.0, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
+                                   sinks=sinks)
+        out, vjp = jax.vjp(attend, q, k, v, sinks)
+        return (out, *vjp(out))
+
+    args = (q, kv, kv, jax.ShapeDtypeStruct((BATCH,), jnp.int32), ids, ids,
+            jax.ShapeDtypeStruct((2,), jnp.float32))
+    checks = [export.DisabledSafetyCheck.custom_call(TRITON)]
+    for platform, count in (("tpu", "tpu_custom_call"), ("cuda", f"@{TRITON}")):
+        module = export.export(jax.jit(forward_and_vjp), platforms=[platform],
+                               disabled_checks=checks)(*args).mlir_module()
+        assert module.count(count) == 3, platform

@@ -260,6 +260,42 @@ def test_the_calibrated_forward_fits_what_the_compiler_reserves(seq, hq, hk):
             assert blocks.block_q == 2048
 
 
+@pytest.mark.parametrize("features", ["window", "every feature"])
+def test_flash_with_features_compiles_for_v5e(features):
+    """Mistral's sliding window (4096 keys, ``window_size=(4095, 0)``, causal) over 8,192 bf16
+    queries and keys, 4 / 2 heads of 128: the forward alone and the forward with its VJP (dQ,
+    dK/dV) compile for v5e, each kernel within the scoped VMEM it asks for, at the window's tiles
+    (none over 512, so each query block reads about its window); and with every feature at once
+    (a cap, segment ids, a sink per query head, dsinks), the VJP."""
+    from kernel_src import flash_attention
+    from kernel_src.flash.plan import tpu_tiles, vmem_limits
+
+    seq, hq, hk = 8192, 4, 2
+    q = compiled.struct((2, seq, hq, 128), jnp.bfloat16)
+    kv = compiled.struct((2, seq, hk, 128), jnp.bfloat16)
+    lengths = compiled.struct((2,), jnp.int32)
+    ids = compiled.struct((2, seq), jnp.int32)
+    sinks = compiled.struct((hq,), jnp.float32)
+    every = features == "every feature"
+
+    def attend(q, k, v, lengths, q_ids, kv_ids, sinks):
+        extra = dict(softcap=30.0, q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks) if every else {}
+        return flash_attention(q, k, v, causal=True, kv_lengths=lengths, window_size=(4095, 0), **extra)
+
+    def forward_and_vjp(q, k, v, lengths, q_ids, kv_ids, sinks):
+        out, pull = jax.vjp(lambda q, k, v, s: attend(q, k, v, lengths, q_ids, kv_ids, s), q, k, v, sinks)
+        return out, pull(out)
+
+    blocks, _ = tpu_tiles(seq, seq, hq, hk, 128, 2, span=4096, segments=every)
+    assert max(getattr(blocks, f) for f in blocks.__dataclass_fields__) <= 512
+    args = compiled.on_v5e((q, kv, kv, lengths, ids, ids, sinks))
+    programs = [(forward_and_vjp, 3)] if every else [(attend, 1), (forward_and_vjp, 3)]
+    for program, kernels in programs:
+        facts = compiled.analyse(compiled.compile_program(program, args))
+        assert len(facts["kernels"]) == kernels
+        assert all(0 < k["vmem_bytes"] <= vmem_limits()[0] for k in facts["kernels"]), facts["kernels"]
+
+
 def test_plan_command_refuses_in_one_line_without_libtpu(monkeypatch, tmp_path, capsys):
     from tpu_kernel_records_tools.cli.main import main
 
