@@ -22,8 +22,19 @@ paired with the scope's reference (``xla``), and every kernel with every vendor 
   (``bench.roofline``: causal counts about half, the backward 2.5 times the forward). The XLA
   reference joins only where its fp32 logits fit (``ModelShapes.xla_max_logit_bytes``). Only in
   the ``tpu-v5e`` and ``gpu`` profiles, and refused on a CPU (interpret mode would take hours).
+* ``masks-fwd`` and ``masks-fwd-bwd``: the masks models run (``MaskedModel``: a sliding window, a
+  soft-cap, packed documents' segment ids, attention sinks), each at its model's heads and
+  sequence lengths (``MODEL_MASKS``, in the ``tpu-v5e`` and ``gpu`` profiles: Mistral-7B,
+  Gemma 2 9B, gpt-oss-20b, packed training) or at tiny sizes with the same features
+  (``TINY_MASKS``, the ``cpu`` and ``tiny`` profiles: interpret mode there). Causal, unpadded;
+  the forward alone, and the forward with its VJP (``dsinks`` too, where there are sinks). Every
+  implementation of the ``flash`` scope that declares the case's features is timed (the
+  ``flash`` kernel; the XLA reference where its fp32 logits fit, ``ModelShapes.xla_fits``; cuDNN
+  declares none). Useful FLOPs count the visible pairs only (``bench.roofline.visible_pairs``:
+  a 4,096-key window over 32k keys about an eighth of the causal pairs).
 
-Every case of a scope and sequence length gets the same inputs (drawn from ``seed``).
+Every case of a scope and sequence length gets the same inputs (drawn from ``seed``); segment ids
+are not drawn from ``seed`` but follow from the case (``MaskedModel.segment_ids``), so its FLOPs do.
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ from kernel_src import registry
 from kernel_src.registry import IMPLEMENTATIONS, Implementation
 
 MODEL_SCOPES = ("model-fwd", "model-fwd-bwd")
-SCOPES = ("softmax", "attention", "flash", "sharded") + MODEL_SCOPES
+MASK_SCOPES = ("masks-fwd", "masks-fwd-bwd")
+SCOPES = ("softmax", "attention", "flash", "sharded") + MODEL_SCOPES + MASK_SCOPES
 PUBLISHED_SEQ_LENS = (128, 256, 512, 1024, 2048)
 
 
@@ -76,6 +88,99 @@ class ModelShapes:
 
 MODEL_SHAPES = ModelShapes()
 
+Window = tuple[int | None, int | None]
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskedModel:
+    """One model's attention mask at the sizes it runs: a case per sequence length (and per
+    document count, for packed rows) of the ``masks-*`` scopes. Causal, unpadded.
+
+    Attributes:
+      name: the model (``model`` in the records), e.g. ``mistral-7b``.
+      num_q_heads, num_kv_heads, head_dim: its attention's.
+      seq_lens: ``q_len == kv_len``.
+      window: ``window_size=(left, right)`` of the contract; a config's ``sliding_window=W`` is
+        ``(W - 1, 0)``. ``None``: no window.
+      softcap: the logit soft-cap, ``None`` for none.
+      scale: the logit scale, ``None`` for ``head_dim ** -0.5``.
+      sinks: one sink logit per query head (fp32 ``[num_q_heads]``, drawn from the seed).
+      documents: packed rows: one case per count of documents per row (segment ids, ``segment_ids``);
+        ``()`` for rows of one sequence.
+      tokens: tokens per call: ``batch = max(1, tokens // seq)``.
+      plan_seq_lens: lengths at which the static v5e plan (``bench.plan``) sets the windowed kernel
+        against splash attention's ``LocalMask``; only for a mask of a window alone.
+    """
+
+    name: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    seq_lens: tuple[int, ...]
+    window: Window | None = None
+    softcap: float | None = None
+    scale: float | None = None
+    sinks: bool = False
+    documents: tuple[int, ...] = ()
+    tokens: int = 65536
+    plan_seq_lens: tuple[int, ...] = ()
+
+    def __post_init__(self):
+        if self.plan_seq_lens and (self.window is None or self.softcap or self.sinks or self.documents):
+            raise ValueError(f"{self.name}: the plan sets a window alone against splash's LocalMask")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        """The contract features the mask uses, in ``kernel_src.contract.FEATURES`` order."""
+        return tuple(name for name, used in (("window", self.window is not None),
+                                             ("softcap", self.softcap is not None),
+                                             ("segments", bool(self.documents)), ("sinks", self.sinks))
+                     if used)
+
+    def batch_for(self, seq: int) -> int:
+        return max(1, self.tokens // seq)
+
+    def variants(self) -> list[tuple[int, int | None]]:
+        """``(seq, documents per row or None)`` of every case, in run order."""
+        return [(seq, docs) for seq in self.seq_lens for docs in (self.documents or (None,))]
+
+    def segment_ids(self, seq: int, documents: int) -> np.ndarray:
+        """Int32 ``[batch, seq]`` segment ids of packed rows (queries and keys alike): row ``b`` holds
+        ``documents`` documents, ids ``0, 1, ...`` in order, their lengths cut at distinct points
+        drawn from a generator keyed by the model, length and count alone (never by the run's seed),
+        so the case, and its visible pairs, are the same in every run and in the builder."""
+        batch = self.batch_for(seq)
+        key = zlib.crc32(f"{self.name}/{seq}/{documents}".encode())
+        rng = np.random.default_rng(np.random.SeedSequence([key, batch]))
+        ids = np.empty((batch, seq), np.int32)
+        for b in range(batch):
+            cuts = np.sort(rng.choice(np.arange(1, seq), size=documents - 1, replace=False))
+            ids[b] = np.searchsorted(cuts, np.arange(seq), side="right")
+        return ids
+
+
+# The models whose masks the tpu-v5e and gpu profiles time (their configs: attention heads, key /
+# value heads, head_dim, sliding_window W as window (W - 1, 0), logit soft-cap, sinks).
+MODEL_MASKS = (
+    # Mistral-7B v0.1: 32 / 8 heads of 128, sliding_window 4096; the plan's windowed rows at 32k.
+    MaskedModel("mistral-7b", 32, 8, 128, (8192, 16384, 32768), window=(4095, 0), plan_seq_lens=(32768,)),
+    # Gemma 2 9B local layers: 16 / 8 heads of 256, sliding_window 4096, attn_logit_softcapping 50,
+    # query_pre_attn_scalar 256 (scale 256 ** -0.5); its context is 8192.
+    MaskedModel("gemma-2-9b", 16, 8, 256, (8192,), window=(4095, 0), softcap=50.0, scale=256 ** -0.5),
+    # gpt-oss-20b sliding layers: 64 / 8 heads of 64, sliding_window 128, a learned sink per head.
+    MaskedModel("gpt-oss-20b", 64, 8, 64, (8192, 32768), window=(127, 0), sinks=True),
+    # Packed training rows of 8192 tokens holding 4 and 16 documents (Mistral's / Llama's heads).
+    MaskedModel("packed", 32, 8, 128, (8192,), documents=(4, 16)),
+)
+# The same features at sizes interpret mode runs in seconds (the cpu and tiny profiles): a window
+# narrower than the row, a soft-cap, sinks, packed documents.
+TINY_MASKS = (
+    MaskedModel("mistral-7b-tiny", 4, 2, 64, (256,), window=(63, 0), tokens=256),
+    MaskedModel("gemma-2-9b-tiny", 4, 2, 64, (256,), window=(63, 0), softcap=50.0, tokens=256),
+    MaskedModel("gpt-oss-20b-tiny", 8, 2, 64, (256,), window=(15, 0), sinks=True, tokens=256),
+    MaskedModel("packed-tiny", 4, 2, 64, (256,), documents=(4,), tokens=256),
+)
+
 
 @dataclasses.dataclass(frozen=True)
 class Profile:
@@ -92,6 +197,7 @@ class Profile:
       grade_known_bad: whether ``measure`` also grades every known-bad built-in (quick level, one
         worker each: about 20 s apiece on a 2-core CPU) to show the rubric still rejects them here.
       model: the shapes of the ``model-*`` scopes; ``None`` where the profile has none.
+      masks: the masked models of the ``masks-*`` scopes (``MaskedModel``).
     """
 
     name: str
@@ -112,6 +218,7 @@ class Profile:
     export_tpu: bool = True
     model: ModelShapes | None = None
     grade_known_bad: bool = True
+    masks: tuple[MaskedModel, ...] = ()
 
     def batch_for(self, scope: str, seq: int) -> int:
         if self.max_tokens is None or scope == "sharded":
@@ -126,13 +233,14 @@ PROFILES: dict[str, Profile] = {
     p.name: p for p in (
         # Finishes in under 3 minutes on a 2-core CPU, Pallas in interpret mode (the known-bad
         # built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
-        Profile("cpu", batch=1, head_dim=64, grade_known_bad=False),
+        Profile("cpu", batch=1, head_dim=64, grade_known_bad=False,
+                scopes=("softmax", "attention") + MASK_SCOPES, masks=TINY_MASKS),
         Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=5, export_tpu=True,
-                grade_known_bad=False),
+                grade_known_bad=False, masks=TINY_MASKS),
         Profile("tpu-v5e", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
-                scopes=SCOPES, model=MODEL_SHAPES),
+                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS),
         Profile("gpu", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
-                scopes=SCOPES, model=MODEL_SHAPES),
+                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS),
     )
 }
 
@@ -156,7 +264,9 @@ class Case:
     ``fn(*args)`` is what is jitted and timed. Its kernels pick their lowering when lowered
     (interpret mode on CPU, Mosaic on TPU), so ``tpu_fn`` is ``fn`` itself where a CPU run also
     exports the case's StableHLO for TPU, ``None`` where there is nothing Pallas to export.
-    ``make_inputs()`` returns host (numpy) arrays matching ``abstract_args``.
+    ``make_inputs()`` returns host (numpy) arrays matching ``abstract_args``. ``model``, ``window``,
+    ``softcap``, ``segments`` (documents per row) and ``sinks`` (``True``) describe a ``masks-*``
+    case's mask; ``None`` for every other case.
     """
 
     case_id: str
@@ -175,6 +285,16 @@ class Case:
     bytes_moved: float
     tpu_fn: Callable[..., Any] | None = None
     mesh_devices: int | None = None
+    model: str | None = None
+    window: Window | None = None
+    softcap: float | None = None
+    segments: int | None = None
+    sinks: bool | None = None
+
+    def mask_fields(self) -> dict[str, Any]:
+        """The case record's mask fields (``benchmark.schema.json``): ``window`` as ``[left, right]``."""
+        return dict(model=self.model, window=None if self.window is None else list(self.window),
+                    softcap=self.softcap, segments=self.segments, sinks=self.sinks)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +355,7 @@ def _implementations(scope: str, platform: str, profile: Profile) -> list[str]:
         return [f"{kernel}@1"] + ([f"{kernel}@{n}"] if n > 1 else [])
     if scope not in SCOPES:
         raise ValueError(f"unknown scope {scope!r}; choose from {SCOPES}")
-    if scope in MODEL_SCOPES:  # the flash scope's implementations, at model sizes
+    if scope in MODEL_SCOPES or scope in MASK_SCOPES:  # the flash scope's implementations
         scope = "flash"
     return [impl.name for impl in registry.for_scope(scope, platform)]
 
@@ -269,8 +389,9 @@ def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
     dtype = jnp.dtype(profile.dtype)
     cases, pairs = [], []
     for scope in scopes:
-        if scope in MODEL_SCOPES:
-            model_cases, model_pairs = _model_cases(profile, scope, seed, platform)
+        if scope in MODEL_SCOPES or scope in MASK_SCOPES:
+            expand = _model_cases if scope in MODEL_SCOPES else _mask_cases
+            model_cases, model_pairs = expand(profile, scope, seed, platform)
             cases, pairs = cases + model_cases, pairs + model_pairs
             continue
         for seq in profile.seq_lens_for(scope):
@@ -398,6 +519,106 @@ def _model_case(profile: Profile, scope: str, impl: str, seq: int, hq: int, hk: 
                 dtype=dtype.name, causal=True, padded=False, interpret=False,
                 fn=_LazyFn(program), abstract_args=abstract, make_inputs=make_inputs,
                 flops=flops, bytes_moved=nbytes)
+
+
+def _declares(impl: str, features: Sequence[str]) -> bool:
+    """Whether ``impl``'s callable declares every one of ``features`` (``kernel_src.contract``)."""
+    from kernel_src.contract import declared_features
+
+    return not features or set(features) <= set(declared_features(_registered(impl).load()))
+
+
+def _mask_cases(profile: Profile, scope: str, seed: int, platform: str) -> tuple[list[Case], list[Pair]]:
+    """Every case and pair of a ``masks-*`` scope: per masked model, sequence and document count,
+    each implementation of the flash scope that declares the mask's features (the XLA reference
+    only where ``ModelShapes.xla_fits`` at the case's batch)."""
+    if not profile.masks:
+        raise ValueError(f"profile {profile.name!r} has no masked models (scope {scope!r})")
+    cases, pairs = [], []
+    for masked in profile.masks:
+        for seq, documents in masked.variants():
+            batch, ids = masked.batch_for(seq), {}
+            fits = dataclasses.replace(MODEL_SHAPES, batch=batch).xla_fits(
+                "model-fwd-bwd" if scope == "masks-fwd-bwd" else "model-fwd", masked.num_q_heads, seq)
+            for impl in _implementations(scope, platform, profile):
+                if not _declares(impl, masked.features):
+                    continue
+                if IMPLEMENTATIONS[impl].kind == "reference" and not fits:
+                    continue
+                case = _mask_case(profile, scope, impl, masked, seq, documents, seed, platform)
+                ids[impl] = case.case_id
+                cases.append(case)
+            pairs += _pairs(scope, seq, ids)
+    return cases, pairs
+
+
+def _mask_case(profile: Profile, scope: str, impl: str, masked: MaskedModel, seq: int,
+               documents: int | None, seed: int, platform: str) -> Case:
+    """One masked case: ``(q, k, v[, d_out][, q_ids, kv_ids][, sinks])`` into the forward, or
+    ``masks-fwd-bwd``'s ``(dq, dk, dv[, dsinks])``."""
+    dtype, backward = jnp.dtype(profile.dtype), scope == "masks-fwd-bwd"
+    batch, hq, hk, d = masked.batch_for(seq), masked.num_q_heads, masked.num_kv_heads, masked.head_dim
+    q_spec = jax.ShapeDtypeStruct((batch, seq, hq, d), dtype)
+    kv_spec = jax.ShapeDtypeStruct((batch, seq, hk, d), dtype)
+    ids = None if documents is None else masked.segment_ids(seq, documents)
+    extra = ((jax.ShapeDtypeStruct((batch, seq), jnp.int32),) * 2 if ids is not None else ()) + (
+        (jax.ShapeDtypeStruct((hq,), jnp.float32),) if masked.sinks else ())
+    abstract = (q_spec, kv_spec, kv_spec) + ((q_spec,) if backward else ()) + extra
+    flops, nbytes = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize, True, None,
+                                            backward=backward, window=masked.window, q_segment_ids=ids,
+                                            kv_segment_ids=ids, sinks=masked.sinks)
+    implementation = _registered(impl)
+    scale = d ** -0.5 if masked.scale is None else masked.scale
+    options = dict(causal=True, scale=scale)
+    if masked.window is not None:
+        options["window_size"] = masked.window
+    if masked.softcap is not None:
+        options["softcap"] = masked.softcap
+
+    def program():
+        kernel = implementation.load()
+
+        def forward(q, k, v, *rest):
+            rest = list(rest)
+            features = dict(options)
+            if ids is not None:
+                features["q_segment_ids"], features["kv_segment_ids"] = rest.pop(0), rest.pop(0)
+            if masked.sinks:
+                features["sinks"] = rest.pop(0)
+            return kernel(q, k, v, **features)
+        if not backward:
+            return forward
+
+        def forward_backward(q, k, v, d_out, *rest):
+            if masked.sinks:  # the sinks are learned: their gradient too
+                *segments, sinks = rest
+                _, pullback = jax.vjp(lambda q, k, v, s: forward(q, k, v, *segments, s), q, k, v, sinks)
+            else:
+                _, pullback = jax.vjp(lambda q, k, v: forward(q, k, v, *rest), q, k, v)
+            return pullback(d_out)
+        return forward_backward
+
+    def make_inputs():
+        rng = _rng(seed, f"{scope}-{masked.name}-d{documents}", seq)
+        arrays = [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype)
+                  for a in abstract[:4 if backward else 3]]
+        if ids is not None:
+            arrays += [ids, ids]
+        if masked.sinks:
+            arrays.append(rng.standard_normal((hq,), dtype=np.float32))
+        return arrays
+
+    interpret = platform == "cpu" and _uses_pallas(impl)
+    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)  # as in ``_case``
+    docs = "" if documents is None else f"-d{documents}"
+    fn = _LazyFn(program)
+    return Case(case_id=f"{scope}-{impl}-{masked.name}{docs}-s{seq}", scope=scope, implementation=impl,
+                seq_len=seq, shape=dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq, num_kv_heads=hk,
+                                        head_dim=d),
+                dtype=dtype.name, causal=True, padded=False, interpret=interpret,
+                fn=fn, abstract_args=abstract, make_inputs=make_inputs, tpu_fn=fn if export else None,
+                flops=flops, bytes_moved=nbytes, model=masked.name, window=masked.window,
+                softcap=masked.softcap, segments=documents, sinks=True if masked.sinks else None)
 
 
 class _LazyFn:

@@ -13,6 +13,12 @@ heads, seq, head_dim]``, causal, at the plan's shapes (no transposes are charged
   op, counted outside its kernels; its gradient a reduce over the group).
 
 Splash applies no softmax scale (callers fold it into the query projection), so none is applied.
+
+With a ``window`` (the contract's ``window_size=(left, right)``, causal), splash takes a
+``LocalMask((seq, seq), window_size=(left, right), offset=0)`` per query head in place of the
+``CausalMask`` (the window's right bound of 0 is the causal mask; block-sparsity computed ahead, so
+blocks outside every row's window are skipped). JAX's Pallas flash attention has no window: it has
+no windowed program (``WINDOWED``).
 """
 
 from __future__ import annotations
@@ -23,9 +29,10 @@ import jax
 import jax.numpy as jnp
 
 PEERS = ("splash-512", "splash-default", "jax-flash")
+WINDOWED = ("splash-512", "splash-default")  # the peers that take a window (LocalMask)
 
 
-def _splash(seq: int, num_q_heads: int, block: int | None):
+def _splash(seq: int, num_q_heads: int, block: int | None, window: tuple[int, int] | None = None):
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
@@ -34,7 +41,14 @@ def _splash(seq: int, num_q_heads: int, block: int | None):
         b = min(block, seq)
         sizes = sk.BlockSizes(block_q=b, block_kv=b, block_kv_compute=b, block_q_dkv=b,
                               block_kv_dkv=b, block_kv_dkv_compute=b, block_q_dq=b, block_kv_dq=b)
-    mask = sm.MultiHeadMask([sm.CausalMask((seq, seq)) for _ in range(num_q_heads)])
+    if window is None:
+        head = sm.CausalMask((seq, seq))
+    else:
+        left, right = window
+        if left is None or right != 0:
+            raise ValueError(f"a causal window is (left, 0) with left an int, got {window!r}")
+        head = sm.LocalMask((seq, seq), window_size=(int(left), 0), offset=0)
+    mask = sm.MultiHeadMask([head for _ in range(num_q_heads)])
     kernel = sk.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1)
     return jax.vmap(kernel)
 
@@ -48,20 +62,25 @@ def _jax_flash(group: int):
     return attend
 
 
-def attention(peer: str, seq: int, num_q_heads: int, num_kv_heads: int) -> Callable[..., Any]:
-    """``(q [b, hq, s, d], k, v [b, hk, s, d]) -> out`` of one peer, causal."""
+def attention(peer: str, seq: int, num_q_heads: int, num_kv_heads: int,
+              window: tuple[int, int] | None = None) -> Callable[..., Any]:
+    """``(q [b, hq, s, d], k, v [b, hk, s, d]) -> out`` of one peer, causal (and ``window``:
+    ``(left, 0)``, only for the ``WINDOWED`` peers)."""
+    if window is not None and peer not in WINDOWED:
+        raise ValueError(f"peer {peer!r} has no window; windowed peers: {WINDOWED}")
     if peer == "splash-512":
-        return _splash(seq, num_q_heads, 512)
+        return _splash(seq, num_q_heads, 512, window)
     if peer == "splash-default":
-        return _splash(seq, num_q_heads, None)
+        return _splash(seq, num_q_heads, None, window)
     if peer == "jax-flash":
         return _jax_flash(num_q_heads // num_kv_heads)
     raise ValueError(f"unknown peer {peer!r}; choose from {PEERS}")
 
 
-def program(peer: str, seq: int, num_q_heads: int, num_kv_heads: int, mode: str):
+def program(peer: str, seq: int, num_q_heads: int, num_kv_heads: int, mode: str,
+            window: tuple[int, int] | None = None):
     """The peer's forward ``(q, k, v) -> out``, or for ``fwd+bwd`` ``(q, k, v, ct) -> (dq, dk, dv)``."""
-    attend = attention(peer, seq, num_q_heads, num_kv_heads)
+    attend = attention(peer, seq, num_q_heads, num_kv_heads, window)
     if mode == "fwd":
         return attend
 

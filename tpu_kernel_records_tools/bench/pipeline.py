@@ -35,9 +35,11 @@ import jax.numpy as jnp
 
 _MAX_FOLD_ELEMENTS = 1 << 24  # constant-folded intermediates larger than this stay unknown
 # A kernel input whose value is a constant of the program and at most this big (splash's
-# q_sequence iota) is placed in VMEM by XLA (memory space S(1) in the compiled HLO): it is
-# counted once, not once per block copy.
-SMALL_CONSTANT = 4 << 20
+# q_sequence iota, int32 [seq, 128]) is placed in VMEM by XLA (memory space S(1) in the compiled
+# HLO): it is counted once, not once per block copy. The v5e compile keeps it there up to 32k
+# keys (16 MiB: the iota is S(1) at the forward kernel and assembled in VMEM, ConcatBitcast S(1),
+# for splash's dQ kernel).
+SMALL_CONSTANT = 16 << 20
 
 
 # --- the rule --------------------------------------------------------------------------------

@@ -23,6 +23,21 @@ each compiled program:
   layout: modelled kernel bytes + bytes outside their kernels, and flash's traffic over the best
   (least) of them.
 
+Windowed rows (``masks-fwd`` and ``masks-fwd-bwd``, model ``mistral-7b``: the profile's masked models
+with ``MaskedModel.plan_seq_lens``): the flash kernels compiled with the model's window at its
+batch and length (32k keys, window 4,096: ``window_size=(4095, 0)``, unpadded, no ``kv_lengths``)
+against splash attention with ``LocalMask`` (``bench.peers.WINDOWED``; JAX's Pallas flash has no
+window), each modelled as above. No XLA reference: its fp32 logits need hundreds of GB there. Each
+states, as models and predictions, the issue's goal (``WINDOW_GOALS``):
+
+* flash / splash-512: flash's traffic over splash-512's (``LocalMask``), at most 0.6;
+* flash / visible least: flash's traffic over the least the visible blocks need
+  (``visible_block_least``: at flash's own tiles, each query tile reads each key tile holding a key
+  visible to one of its rows once, the dK/dV kernel each query tile holding a row that sees one of
+  its keys once, every other operand once), plus the bytes outside the kernels: at most 1.2;
+* for context (no goal), flash / every operand once: over the kernels' declared least traffic (every
+  operand read once and every result written once: what no tiling can go below).
+
 All of it is the compiler's plan: predicted, not measured. A measured TPU record replaces it.
 """
 
@@ -37,12 +52,16 @@ import jax
 import jax.numpy as jnp
 
 from ..bench import compiled, peers, pipeline, roofline
-from ..bench.cases import MODEL_SCOPES, get_profile, kv_lengths_for
+from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, get_profile, kv_lengths_for
 
 LABEL = ("Predicted by the TPU compiler, not measured: programs compiled for a TPU v5e by libtpu "
          "on a machine without a TPU (nothing ran).")
 MODES = ("fwd", "fwd+bwd")
 _MB, _MIB = 1e6, 2 ** 20
+# The windowed rows' goal (issue 35): (row key, at most, what it is over); checked on the models.
+WINDOW_GOALS = (("flash_over_splash_512", 0.6, "flash / splash-512", "splash-512's traffic with LocalMask"),
+                ("flash_over_visible_least", 1.2, "flash / visible least", "the least traffic the visible blocks need"))
+TILE_KEYS = ("block_q", "block_k", "block_q_dq", "block_k_dq", "block_q_dkv", "block_k_dkv")
 
 
 def _programs() -> dict[str, Callable[..., Any]]:
@@ -69,7 +88,8 @@ def _floor_ms(flops: float, nbytes: float, peak: roofline.Peak) -> float:
 
 
 class Shape(NamedTuple):
-    """One plan row's problem: ``scope`` is ``flash`` (the profile's flash scope) or a model scope."""
+    """One plan row's problem: ``scope`` is ``flash`` (the profile's flash scope), a model scope or a
+    masks scope (then ``window`` and ``model`` name the masked model's window)."""
 
     scope: str
     batch: int
@@ -78,6 +98,8 @@ class Shape(NamedTuple):
     num_kv_heads: int
     head_dim: int
     mode: str
+    window: tuple[int, int] | None = None
+    model: str | None = None
 
 
 def plan_shapes(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = None,
@@ -85,7 +107,8 @@ def plan_shapes(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = 
     """Every shape the plan compiles: the profile's ``flash`` scope at each of its sequence lengths (or
     ``seq_lens``), then its model-sized shapes (``bench.cases.ModelShapes``) wherever the benchmark
     also runs the XLA reference there (``ModelShapes.xla_fits``: elsewhere it needs more HBM than a
-    v5e has, and there is no ratio to predict). ``seq_lens`` restricts both."""
+    v5e has, and there is no ratio to predict), then its masked models' windowed rows
+    (``MaskedModel.plan_seq_lens``, at the model's batch). ``seq_lens`` restricts all three."""
     modes = list(modes)
     for mode in modes:
         if mode not in MODES:
@@ -102,15 +125,83 @@ def plan_shapes(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = 
                 for mode, scope in zip(MODES, MODEL_SCOPES):
                     if mode in modes and (wanted is None or seq in wanted) and model.xla_fits(scope, hq, seq):
                         shapes.append(Shape(scope, model.batch, seq, hq, hk, model.head_dim, mode))
+    for masked in profile.masks:
+        for seq in masked.plan_seq_lens:
+            for mode, scope in zip(MODES, MASK_SCOPES):
+                if mode in modes and (wanted is None or seq in wanted):
+                    shapes.append(Shape(scope, masked.batch_for(seq), seq, masked.num_q_heads,
+                                        masked.num_kv_heads, masked.head_dim, mode, tuple(masked.window),
+                                        masked.name))
     return shapes
+
+
+def visible_tile_pairs(seq: int, window: tuple[int | None, int | None] | None, block_q: int,
+                       block_k: int) -> tuple[int, int]:
+    """``(query-tile rows, key-tile rows)`` summed over every (query tile, key tile) pair that holds a
+    visible (query, key) pair of the contract's mask: causal, ``window``, ``q_len == kv_len == seq``,
+    every key valid. From each row's interval of visible keys (``roofline``'s), marked on the tile
+    grid with a difference array: exact for any interval mask."""
+    lo, hi = roofline._row_intervals(seq, seq, True, seq, window)
+    rows = np.arange(seq)
+    keep = hi >= lo
+    n_q, n_k = -(-seq // block_q), -(-seq // block_k)
+    marks = np.zeros((n_q, n_k + 1), np.int64)
+    np.add.at(marks, (rows[keep] // block_q, lo[keep] // block_k), 1)
+    np.add.at(marks, (rows[keep] // block_q, hi[keep] // block_k + 1), -1)
+    visible = np.cumsum(marks, axis=1)[:, :n_k] > 0
+    q_rows = np.minimum(block_q, seq - block_q * np.arange(n_q))
+    k_rows = np.minimum(block_k, seq - block_k * np.arange(n_k))
+    return int((visible * q_rows[:, None]).sum()), int((visible * k_rows[None, :]).sum())
+
+
+def visible_block_least(shape: Shape, tiles: dict[str, int], declared_bytes: float, itemsize: int) -> float:
+    """The least HBM bytes flash's kernels need for the blocks a window leaves visible, at their own
+    tiles (``tiles``: ``TILE_KEYS``): the kernels' declared least (``declared_bytes``: every operand
+    read once, every result written once) plus the re-reads the visible blocks force, as the
+    FlashAttention-2 passes stream them: the forward and dQ kernels read each key tile's K and V once
+    for every query tile with a row that sees one of its keys; the dK/dV kernel reads each query
+    tile's Q, dO and its rows' fp32 statistics (log-sum-exp, di) once for every key tile one of its
+    rows sees. Nothing for blocks no row of the tile sees; nothing for keeping a block across steps."""
+    rows = shape.batch  # per sequence position, all heads
+    kv_row = 2 * shape.num_kv_heads * shape.head_dim * itemsize  # K and V
+    q_row = 2 * shape.num_q_heads * shape.head_dim * itemsize + 2 * 4 * shape.num_q_heads  # Q, dO, lse, di
+    _, k_rows = visible_tile_pairs(shape.seq, shape.window, tiles["block_q"], tiles["block_k"])
+    extra = (k_rows - shape.seq) * kv_row
+    if shape.mode == "fwd+bwd":
+        _, k_rows_dq = visible_tile_pairs(shape.seq, shape.window, tiles["block_q_dq"], tiles["block_k_dq"])
+        q_rows_dkv, _ = visible_tile_pairs(shape.seq, shape.window, tiles["block_q_dkv"], tiles["block_k_dkv"])
+        extra += (k_rows_dq - shape.seq) * kv_row + (q_rows_dkv - shape.seq) * q_row
+    return float(declared_bytes + rows * extra)
+
+
+def window_ratios(row: dict[str, Any]) -> dict[str, float | None]:
+    """A windowed row's ratios from its bytes: ``flash_over_splash_512``, ``flash_over_visible_least``
+    (flash's traffic over the visible least plus the bytes outside the kernels) and
+    ``flash_over_operands_once`` (over the declared least plus those bytes); ``None`` without both."""
+    traffic, outside = row.get("flash_traffic_bytes"), row.get("flash_outside_bytes") or 0
+    splash = ((row.get("peers") or {}).get("splash-512") or {}).get("traffic_bytes")
+    least, once = row.get("flash_visible_least_bytes"), row.get("flash_kernel_bytes")
+    return dict(
+        flash_over_splash_512=None if traffic is None or not splash else traffic / splash,
+        flash_over_visible_least=None if traffic is None or least is None else traffic / (least + outside),
+        flash_over_operands_once=None if traffic is None or once is None else traffic / (once + outside))
+
+
+def window_goals(row: dict[str, Any]) -> dict[str, bool | None]:
+    """Whether each ``WINDOW_GOALS`` ratio of a windowed row is met (``None``: no ratio)."""
+    return {key: None if row.get(key) is None else row[key] <= bound for key, bound, _, _ in WINDOW_GOALS}
 
 
 def peer_traffic(peer: str, shape: Shape, dtype) -> dict[str, Any]:
     """One peer compiled for v5e at ``shape``: ``kernel_bytes`` (modelled), ``outside_bytes``,
-    ``traffic_bytes`` (their sum), ``kernels`` and ``vmem_bytes``."""
+    ``traffic_bytes`` (their sum), ``kernels`` and ``vmem_bytes``; for a windowed shape and a peer
+    without a window (``bench.peers.WINDOWED``), nulls and a ``note``."""
+    if shape.window is not None and peer not in peers.WINDOWED:
+        return dict(kernel_bytes=None, outside_bytes=None, traffic_bytes=None, kernels=None, vmem_bytes=None,
+                    note="no window: not compiled")
     args = peers.arguments(shape.batch, shape.seq, shape.num_q_heads, shape.num_kv_heads,
                            shape.head_dim, dtype, shape.mode, compiled.struct)
-    fn = peers.program(peer, shape.seq, shape.num_q_heads, shape.num_kv_heads, shape.mode)
+    fn = peers.program(peer, shape.seq, shape.num_q_heads, shape.num_kv_heads, shape.mode, shape.window)
     facts = compiled.analyse(compiled.compile_program(fn, args))
     modelled = pipeline.total_bytes(pipeline.kernel_traffic(fn, args))
     return dict(kernel_bytes=modelled, outside_bytes=facts["outside_bytes"],
@@ -135,9 +226,74 @@ def least_over_best_peer(row: dict[str, Any]) -> float | None:
     return (least + row["flash_outside_bytes"]) / peer["traffic_bytes"]
 
 
+def _window_program(window: tuple[int, int], mode: str):
+    """Flash with ``window``, causal, unpadded: ``(q, k, v[, ct])`` as the ``masks-*`` cases call it."""
+    from kernel_src import flash_attention
+
+    def forward(q, k, v):
+        return flash_attention(q, k, v, causal=True, window_size=window)
+    if mode == "fwd":
+        return forward
+
+    def forward_backward(q, k, v, ct):
+        _, pullback = jax.vjp(forward, q, k, v)
+        return pullback(ct)
+    return forward_backward
+
+
+def window_row(profile_name: str, shape: Shape) -> dict[str, Any]:
+    """A windowed row (``shape.window``): flash compiled with the window and modelled, its tiles, the
+    least its visible blocks need, the windowed peers, the ratios and the goals; no XLA reference."""
+    from kernel_src.flash.plan import mosaic_layout, tpu_tiles, window_span
+
+    profile = get_profile(profile_name)
+    dtype = jnp.dtype(profile.dtype)
+    batch, seq, hq, hk, d, mode = (shape.batch, shape.seq, shape.num_q_heads, shape.num_kv_heads,
+                                   shape.head_dim, shape.mode)
+    q = compiled.struct((batch, seq, hq, d), dtype)
+    kv = compiled.struct((batch, seq, hk, d), dtype)
+    args = (q, kv, kv) + ((q,) if mode == "fwd+bwd" else ())
+    program = _window_program(shape.window, mode)
+    flash = compiled.analyse(compiled.compile_program(program, args))
+    undeclared = any(k["declared_bytes"] is None for k in flash["kernels"])
+    kernel_bytes = None if undeclared else sum(k["declared_bytes"] for k in flash["kernels"])
+    kernel_flops = None if undeclared else sum(k["declared_flops"] for k in flash["kernels"])
+    modelled = pipeline.total_bytes(pipeline.kernel_traffic(program, args))
+    traffic = None if modelled is None else modelled + flash["outside_bytes"]
+    # the tiles the kernels take compiled for this shape (kernel_src.flash.api: tpu_tiles with the span)
+    blocks, _ = tpu_tiles(seq, seq, hq, hk, d, dtype.itemsize, layout=mosaic_layout(hq, hk, d),
+                          span=window_span(shape.window, True))
+    tiles = {key: getattr(blocks, key) for key in TILE_KEYS}
+    peak = roofline.device_peak(str(compiled.v5e_devices()[0].device_kind))
+    useful, _ = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize, True, None,
+                                        window=shape.window)
+    row = dict(
+        scope=shape.scope, model=shape.model, window=list(shape.window), seq=seq, batch=batch, num_q_heads=hq,
+        num_kv_heads=hk, head_dim=d, mode=mode,
+        flash_outside_bytes=flash["outside_bytes"], flash_outside_ops=flash["outside_ops"],
+        flash_kernel_bytes=kernel_bytes, flash_modelled_bytes=modelled, flash_traffic_bytes=traffic,
+        flash_kernel_flops=kernel_flops, flash_vmem_bytes=flash["vmem_bytes"], flash_kernels=len(flash["kernels"]),
+        flash_floor_ms=None if kernel_flops is None or traffic is None else _floor_ms(kernel_flops, traffic, peak),
+        flash_tiles=tiles,
+        flash_visible_least_bytes=None if undeclared else visible_block_least(shape, tiles, kernel_bytes,
+                                                                               dtype.itemsize),
+        xla_bytes=None, xla_flops=None, xla_floor_ms=None, flash_over_xla=None,
+        forward_useful_flops=useful)
+    row["peers"] = {peer: peer_traffic(peer, shape, dtype) for peer in peers.PEERS}
+    row["best_peer"] = best_peer(row["peers"])
+    row["flash_over_best_peer"] = (None if traffic is None or row["best_peer"] is None
+                                   else traffic / row["peers"][row["best_peer"]]["traffic_bytes"])
+    row.update(window_ratios(row))
+    row["goals_met"] = window_goals(row)
+    return row
+
+
 def plan_row(profile_name: str, shape: Shape, with_peers: bool = True) -> dict[str, Any]:
     """One row of the plan: both programs compiled at ``shape`` (one of ``plan_shapes``) for its
-    pass, flash's kernels modelled, and (``with_peers``) the peers compiled and modelled."""
+    pass, flash's kernels modelled, and (``with_peers``) the peers compiled and modelled; a windowed
+    shape is ``window_row``'s."""
+    if shape.window is not None:
+        return window_row(profile_name, shape)
     profile = get_profile(profile_name)
     batch, seq, hq, hk, d, mode = (shape.batch, shape.seq, shape.num_q_heads, shape.num_kv_heads,
                                    shape.head_dim, shape.mode)
@@ -195,8 +351,9 @@ def plan_rows(profile_name: str = "tpu-v5e", seq_lens: Iterable[int] | None = No
     rows = []
     for shape in plan_shapes(profile_name, seq_lens, modes):
         if progress:
+            window = "" if shape.window is None else f" {shape.model} window {shape.window}"
             progress(f"compiling {shape.scope} seq {shape.seq} heads {shape.num_q_heads}/{shape.num_kv_heads} "
-                     f"{shape.mode}")
+                     f"{shape.mode}{window}")
         rows.append(plan_row(profile_name, shape))
     return rows
 
@@ -213,6 +370,8 @@ def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str,
     by default this process's and today."""
     made = made or dict(jax=jax.__version__, libtpu=compiled.libtpu_version(),
                         date=datetime.date.today().isoformat())
+    windowed = [r for r in rows if r.get("window") is not None]
+    rows = [r for r in rows if r.get("window") is None]
     first = rows[0] if rows else {}
     lines = [
         f"# Static performance plan, TPU v5e, profile `{profile_name}`", "",
@@ -280,4 +439,66 @@ def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str,
               "Where it is above a target ratio, no schedule meets that target.",
               "- *flash / XLA*: ratio of the two floors; below 1 the compiler's plan favours "
               "flash. Measured rows from a TPU record replace this table.", ""]
-    return "\n".join(lines)
+    return "\n".join(lines + window_markdown(windowed))
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    met = row.get("goals_met") or {}
+    if any(met.get(key) is None for key, _, _, _ in WINDOW_GOALS):
+        return "not modelled"
+    missed = [f"{label} {row[key]:.3f} > {bound}" for key, bound, label, _ in WINDOW_GOALS if not met[key]]
+    return "met" if not missed else "**not met**: " + ", ".join(missed)
+
+
+def window_markdown(rows: list[dict[str, Any]], escape: Callable[[Any], str] = str) -> list[str]:
+    """The windowed rows' section of the plan (lines; none without windowed rows): the table, the
+    goal's verdict per row, and how to read it. ``escape`` renders the model's name (the card's
+    ``builder.markdown.text``)."""
+    if not rows:
+        return []
+    goals = "; ".join(f"*{label}* at most {bound} (over {what})" for _, bound, label, what in WINDOW_GOALS)
+    verdicts = [f"{escape(r.get('model'))} {r['mode']}: {_verdict(r)}" for r in rows]
+    lines = [
+        "## Windowed rows: flash with a sliding window against splash attention's `LocalMask`", "",
+        f"**{LABEL}** Bytes below are modelled from the compiled kernels' pipelines, as above.", "",
+        f"The goal (issue 35), stated as predictions: {goals}. Verdict: " + "; ".join(verdicts) + ".", "",
+        "| model | window (left, right) | seq | batch | heads (q / kv) | head_dim | pass | flash tiles (fwd q x k) "
+        "| flash traffic (MB) | splash-512 LocalMask (MB) | splash-default LocalMask (MB) | flash / splash-512 "
+        "| visible least (MB) | flash / visible least | every operand once (MB) | flash / every operand once "
+        "| flash GFLOP (declared) | goal |",
+        "|---|---|---:|---:|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        row_peers, tiles = r.get("peers") or {}, r.get("flash_tiles") or {}
+        left, right = r["window"]
+        lines.append(
+            f"| {escape(r.get('model'))} | ({left}, {right}) | {r['seq']} | {r['batch']} | {r['num_q_heads']} / "
+            f"{r['num_kv_heads']} | {r['head_dim']} | {r['mode']} | {tiles.get('block_q')} x {tiles.get('block_k')} "
+            f"| {_num(r.get('flash_traffic_bytes'), _MB, 1)} "
+            f"| {_num((row_peers.get('splash-512') or {}).get('traffic_bytes'), _MB, 1)} "
+            f"| {_num((row_peers.get('splash-default') or {}).get('traffic_bytes'), _MB, 1)} "
+            f"| {_num(r.get('flash_over_splash_512'), 1, 3)} | {_num(r.get('flash_visible_least_bytes'), _MB, 1)} "
+            f"| {_num(r.get('flash_over_visible_least'), 1, 3)} | {_num(r.get('flash_kernel_bytes'), _MB, 1)} "
+            f"| {_num(r.get('flash_over_operands_once'), 1, 3)} | {_num(r.get('flash_kernel_flops'), 1e9, 1)} "
+            f"| {_verdict(r)} |")
+    lines += ["", "How to read it:", "",
+              "- *window*: the contract's `window_size`; a model's `sliding_window = W` is `(W - 1, 0)`: each "
+              "query sees itself and the W - 1 keys before it. Causal, every key valid (no `kv_lengths`), "
+              "bf16, as the benchmark's `masks-*` cases. No XLA reference: its fp32 logits would need "
+              "hundreds of GB of HBM.",
+              "- *splash-512 / splash-default LocalMask*: splash attention (`make_splash_mha`) with a "
+              "`LocalMask(window_size=(left, 0))` per query head, 512 tiles and its default 128 tiles, "
+              "modelled as the peers above (JAX's Pallas flash attention has no window).",
+              "- *visible least*: the least bytes the blocks the window leaves visible need, at flash's own "
+              "tiles (`bench.plan.visible_block_least`): every operand read once and every result written "
+              "once (the kernels' declared least), plus, for every query tile, the K and V tiles holding a key "
+              "one of its rows sees (forward and dQ kernels), and for every key tile of the dK/dV kernel the "
+              "Q, dO and statistics tiles of the rows that see it. *flash / visible least* is flash's traffic "
+              "over it plus the bytes outside the kernels: 1 means no hidden block is read; a pipeline that "
+              "keeps a tile across two query tiles may come in a hair under it.",
+              "- *every operand once*: the kernels' declared least (each operand read once, each result "
+              "written once), what no tiling can go below; *flash / every operand once* shows what flash's "
+              "tiles cost on top: each query tile re-reads its window's K and V (dK/dV: each key tile its "
+              "rows' Q and dO), so the shorter the tile against the window, the more. No goal is set on it.",
+              ""]
+    return lines

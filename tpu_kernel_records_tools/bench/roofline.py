@@ -4,7 +4,10 @@ Conventions (the same for every implementation of a case, so rates compare like 
 
 * Attention FLOPs count the useful work only: ``4 * num_q_heads * head_dim`` per *visible*
   (query, key) pair, i.e. 2 FLOPs per multiply-add for Q·Kᵀ and again for P·V. Causal and padded
-  pairs are not counted even when an implementation computes them (the XLA reference does).
+  pairs are not counted even when an implementation computes them (the XLA reference does), nor are
+  pairs a sliding window or segment ids hide (``visible_pairs``: each row's window is an interval of
+  keys, counted in closed form; with segment ids the keys of the row's id inside that interval are
+  counted). A soft-cap's ``tanh`` and a sink's extra term are not matmul work and add nothing.
 * Forward + backward (the ``model-fwd-bwd`` scope): ``3.5`` times the forward FLOPs, the
   convention of the FlashAttention papers: the backward's useful work is five matmuls per visible
   pair (S = Q·Kᵀ recomputed, dP = dO·Vᵀ, dV = Pᵀ·dO, dQ = dS·K, dK = dSᵀ·Q) against the forward's
@@ -15,7 +18,8 @@ Conventions (the same for every implementation of a case, so rates compare like 
 * Minimum bytes: every input read once and every output written once, at their dtypes
   (attention: q, k, v, kv_lengths in, out in the input dtype; forward + backward: q, k, v,
   kv_lengths and the output cotangent in, dq, dk, dv out; softmax: logits and kv_lengths in,
-  fp32 probabilities out). Intermediates that a fused kernel never writes are not counted.
+  fp32 probabilities out; int32 segment ids and fp32 sinks in where given, and fp32 dsinks out
+  with the backward). Intermediates that a fused kernel never writes are not counted.
 
 Peaks (dense, per device; ``None`` for a device the table does not know):
 
@@ -60,16 +64,54 @@ def device_peak(device_kind: str) -> Peak | None:
     return None
 
 
-def visible_pairs(q_len: int, kv_len: int, causal: bool, kv_lengths: np.ndarray | None, batch: int) -> int:
-    """Number of visible (query, key) pairs summed over the batch, under the contract's masks."""
+def _row_intervals(q_len: int, kv_len: int, causal: bool, length: int,
+                   window: tuple[int | None, int | None] | None) -> tuple[np.ndarray, np.ndarray]:
+    """``(lo, hi)`` int64 ``[q_len]``: the keys ``lo <= j <= hi`` row ``i`` may see before segment ids
+    (empty where ``hi < lo``): the contract's masks are each an interval around the row's position
+    ``p = i + kv_len - q_len``: ``j <= p`` (causal), ``j < length``, ``p - left <= j <= p + right``."""
+    position = np.arange(q_len, dtype=np.int64) + (kv_len - q_len)
+    lo = np.zeros(q_len, np.int64)
+    hi = np.full(q_len, min(max(int(length), 0), kv_len) - 1, np.int64)
+    if causal:
+        hi = np.minimum(hi, position)
+    left, right = window if window is not None else (None, None)
+    if left is not None:
+        lo = np.maximum(lo, position - int(left))
+    if right is not None:
+        hi = np.minimum(hi, position + int(right))
+    return lo, hi
+
+
+def _same_id_counts(lo: np.ndarray, hi: np.ndarray, q_ids: np.ndarray, kv_ids: np.ndarray) -> np.ndarray:
+    """Per row ``i``: how many keys ``lo[i] <= j <= hi[i]`` have ``kv_ids[j] == q_ids[i]`` (any ids:
+    repeated, unsorted, A B A). Keys sorted by (id, position); two binary searches per row."""
+    codes, inverse = np.unique(np.concatenate([np.asarray(q_ids), np.asarray(kv_ids)]), return_inverse=True)
+    q_code, kv_code = inverse[:len(q_ids)].astype(np.int64), inverse[len(q_ids):].astype(np.int64)
+    stride = len(kv_ids) + 1
+    keys = np.sort(kv_code * stride + np.arange(len(kv_ids), dtype=np.int64))
+    below = np.searchsorted(keys, q_code * stride + lo, side="left")
+    upto = np.searchsorted(keys, q_code * stride + np.maximum(hi, lo - 1), side="right")
+    return upto - below
+
+
+def visible_pairs(q_len: int, kv_len: int, causal: bool, kv_lengths: np.ndarray | None, batch: int,
+                  window: tuple[int | None, int | None] | None = None,
+                  q_segment_ids: np.ndarray | None = None, kv_segment_ids: np.ndarray | None = None) -> int:
+    """Number of visible (query, key) pairs summed over the batch, under the contract's masks
+    (``kernel_src.contract.visible``): causal (bottom-right), ``kv_lengths``, ``window=(left, right)``
+    (either side None: unbounded) and segment ids (``[batch, q_len]`` and ``[batch, kv_len]``, both or
+    neither: only equal ids see each other). Exact: each row's keys are an interval (closed form), and
+    with segment ids the keys of its id in that interval are counted."""
+    if (q_segment_ids is None) != (kv_segment_ids is None):
+        raise ValueError("q_segment_ids and kv_segment_ids go together: give both or neither")
     lengths = np.full(batch, kv_len) if kv_lengths is None else np.minimum(np.asarray(kv_lengths), kv_len)
     total = 0
-    for length in lengths.astype(np.int64):
-        if causal:
-            rows = np.arange(q_len, dtype=np.int64) + (kv_len - q_len) + 1  # keys j <= i + offset
-            total += int(np.clip(np.minimum(rows, length), 0, None).sum())
+    for b, length in enumerate(lengths.astype(np.int64)):
+        lo, hi = _row_intervals(q_len, kv_len, causal, int(length), window)
+        if q_segment_ids is None:
+            total += int(np.clip(hi - lo + 1, 0, None).sum())
         else:
-            total += int(max(length, 0)) * q_len
+            total += int(_same_id_counts(lo, hi, np.asarray(q_segment_ids)[b], np.asarray(kv_segment_ids)[b]).sum())
     return total
 
 
@@ -78,20 +120,28 @@ BACKWARD_FLOPS_PER_FORWARD = 2.5  # five matmuls per visible pair against the fo
 
 def attention_work(batch: int, q_len: int, kv_len: int, num_q_heads: int, num_kv_heads: int,
                    head_dim: int, itemsize: int, causal: bool,
-                   kv_lengths: np.ndarray | None, backward: bool = False) -> tuple[float, float]:
+                   kv_lengths: np.ndarray | None, backward: bool = False,
+                   window: tuple[int | None, int | None] | None = None,
+                   q_segment_ids: np.ndarray | None = None, kv_segment_ids: np.ndarray | None = None,
+                   sinks: bool = False) -> tuple[float, float]:
     """``(flops, min_bytes)`` of grouped-query attention under the conventions above.
 
     ``backward=False``: the forward ``(q, k, v, kv_lengths) -> out``. ``backward=True``: the
     forward and its VJP as one program ``(q, k, v, kv_lengths, d_out) -> (dq, dk, dv)``,
-    ``1 + BACKWARD_FLOPS_PER_FORWARD`` times the forward's FLOPs.
+    ``1 + BACKWARD_FLOPS_PER_FORWARD`` times the forward's FLOPs. ``window`` and the segment ids
+    hide pairs (``visible_pairs``); segment ids and ``sinks`` (fp32 ``[num_q_heads]``, and their
+    gradient with the backward) add their bytes.
     """
-    flops = 4.0 * num_q_heads * head_dim * visible_pairs(q_len, kv_len, causal, kv_lengths, batch)
+    pairs = visible_pairs(q_len, kv_len, causal, kv_lengths, batch, window, q_segment_ids, kv_segment_ids)
+    flops = 4.0 * num_q_heads * head_dim * pairs
     q_sized = (3 if backward else 2) * batch * q_len * num_q_heads * head_dim  # q, out | q, d_out, dq
     kv_sized = (4 if backward else 2) * batch * kv_len * num_kv_heads * head_dim  # k, v (, dk, dv)
     lengths = 0 if kv_lengths is None else 4 * batch
+    segments = 0 if q_segment_ids is None else 4 * batch * (q_len + kv_len)
+    sink_bytes = (2 if backward else 1) * 4 * num_q_heads if sinks else 0  # sinks (, dsinks)
     if backward:
         flops *= 1.0 + BACKWARD_FLOPS_PER_FORWARD
-    return flops, float((q_sized + kv_sized) * itemsize + lengths)
+    return flops, float((q_sized + kv_sized) * itemsize + lengths + segments + sink_bytes)
 
 
 def softmax_work(batch: int, heads: int, q_len: int, kv_len: int, itemsize: int,

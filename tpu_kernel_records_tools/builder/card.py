@@ -4,10 +4,11 @@ Generated parts sit between marker comments; everything else in the card is writ
 
     # BEGIN GENERATED: dataset_info          (inside the YAML front matter)
     <!-- BEGIN GENERATED: records -->        (markdown body; also: glance, usage, fields, power, figure,
-                                                leaderboard, plan)
+                                                masks, leaderboard, plan)
 
 The ``plan`` section comes from ``data/plan/tpu-v5e.json`` (``builder.plan``), ``fields`` from
-``builder.fields`` (every column's description), the others from the tables.
+``builder.fields`` (every column's description), ``masks`` from the profiles' masked models
+(``bench.cases.MaskedModel``) and the tables' ``masks-*`` rows, the others from the tables.
 """
 
 from __future__ import annotations
@@ -33,7 +34,8 @@ FIGURE = "figures/pallas_xla_ratio.png"  # relative to data/
 FIGURE_KEY = "tpu-kernel-records-data-sha256"
 BASELINE = "xla"  # the figure and its table show ratios to this implementation
 YAML_SECTIONS = ("dataset_info",)
-SECTIONS = ("dataset_info", "glance", "usage", "fields", "records", "power", "figure", "leaderboard", "plan")
+SECTIONS = ("dataset_info", "glance", "usage", "fields", "records", "power", "figure", "masks", "leaderboard",
+            "plan")
 PLACEHOLDER_REPO = "OWNER/tpu-kernel-records"
 MAX_LISTED_SHAPES = 6  # grader-power shapes listed one by one in the card up to this many  # the usage examples name the real repo once published
 
@@ -171,7 +173,8 @@ def ratio_series(benchmark: pa.Table) -> list[dict[str, Any]]:
             base = cases[(r["record_id"], pair["baseline_case_id"])]
             if base["implementation"] != BASELINE or pair["ratio"] is None:
                 continue
-            key = (r["record_id"], r["scope"], r["implementation"], base["implementation"])
+            scope = r["scope"] if r.get("model") is None else f"{r['scope']} {r['model']}"  # a mask: per model
+            key = (r["record_id"], scope, r["implementation"], base["implementation"])
             entry = series.setdefault(key, {"record_id": key[0], "scope": key[1], "numerator": key[2],
                                             "baseline": key[3], "interpret": r["interpret"],
                                             "summary": r["source"] == "published-summary", "points": []})
@@ -217,6 +220,58 @@ def figure_section(benchmark: pa.Table) -> str:
             f"record and scope](data/{FIGURE})\n\n"
             + table(["Record", "Scope", "Sequence", "Ratio of", "Median (ms)", "XLA median (ms)",
                     "Ratio", f"{CONFIDENCE:.0%} CI"], rows))
+
+
+def _window(window: tuple[int | None, int | None] | None) -> str | None:
+    return None if window is None else f"({window[0]}, {window[1]})"
+
+
+def masks(benchmark: pa.Table) -> str:
+    """The masks models run (scopes ``masks-fwd`` / ``masks-fwd-bwd``): the cases each profile declares
+    (``bench.cases.MaskedModel``: heads, window, soft-cap, sinks, documents, sizes, and the useful
+    forward FLOPs its mask leaves, as the records count them), then every recorded case of those
+    scopes, interpret-mode rows flagged."""
+    from ..bench.cases import MASK_SCOPES, PROFILES, build_cases
+
+    groups: dict[tuple, list[str]] = {}
+    for name, profile in PROFILES.items():
+        if profile.masks:
+            groups.setdefault(profile.masks, []).append(name)
+    declared = []
+    for masks_, names in groups.items():
+        profile = PROFILES[names[0]]
+        cases, _ = build_cases(profile, ("masks-fwd",), platform="tpu")
+        flops = {(c.model, c.seq_len, c.segments): c.flops for c in cases}
+        for m in masks_:
+            for seq, documents in m.variants():
+                causal = 4.0 * m.num_q_heads * m.head_dim * m.batch_for(seq) * seq * (seq + 1) / 2
+                useful = flops[(m.name, seq, documents)]
+                declared.append([", ".join(names), code(m.name), f"{m.num_q_heads} / {m.num_kv_heads}", m.head_dim,
+                                 _window(m.window), m.softcap, None if m.scale is None else f"{m.scale:.4g}",
+                                 "yes" if m.sinks else None, documents, seq, m.batch_for(seq),
+                                 f"{useful / 1e9:,.1f}" if useful >= 1e10 else f"{useful / 1e9:.3g}",
+                                 f"{useful / causal:.3f}"])
+    parts = [table(["Profiles", "Model", "Heads (q / kv)", "head_dim", "Window (left, right)", "Soft-cap", "Scale",
+                    "Sinks", "Documents per row", "Sequence", "Batch", "Useful GFLOP (forward)",
+                    "Of causal"], declared)]
+    rows = [r for r in benchmark.to_pylist() if r["scope"] in MASK_SCOPES]
+    if not rows:
+        parts.append("_No record holds `masks-*` cases yet: `tpu-kernel-records measure` on a TPU or GPU (or, "
+                     "in interpret mode, the `cpu` profile) writes them._\n")
+    else:
+        recorded = [[code(r["record_id"]), r["scope"], code(r["model"]), r["seq_len"], r["implementation"],
+                     None if r["window"] is None else f"({r['window']['left']}, {r['window']['right']})",
+                     r["softcap"], r["segments"], "yes" if r["sinks"] else None, f"{r['median_ms']:.4f}",
+                     None if r["tflops"] is None else f"{r['tflops']:.3g}",
+                     None if r["ratio_to_baseline"] is None
+                     else f"{r['ratio_to_baseline']:.2f}x {text(r['baseline_case_id'])}",
+                     "yes (not kernel speed)" if r["interpret"] else "no"]
+                    for r in sorted(rows, key=lambda r: (r["record_id"], r["scope"], r["model"] or "", r["seq_len"],
+                                                         r["case_id"]))]
+        parts.append(table(["Record", "Scope", "Model", "Sequence", "Implementation", "Window", "Soft-cap",
+                            "Documents per row", "Sinks", "Median (ms)", "TFLOP/s (useful)", "Ratio to baseline",
+                            "Interpret mode"], recorded))
+    return "\n".join(parts)
 
 
 def figure_png(benchmark: pa.Table) -> bytes:
@@ -337,6 +392,7 @@ def sections(tables: dict[str, pa.Table]) -> dict[str, str]:
     return {"dataset_info": dataset_info(tables), "glance": glance(tables["benchmark"], tables["environment"]),
             "fields": fields.section(tables), "records": records(tables["environment"]),
             "power": power(tables["correctness"]), "figure": figure_section(tables["benchmark"]),
+            "masks": masks(tables["benchmark"]),
             "leaderboard": leaderboard(tables["benchmark"], tables["correctness"]),
             "usage": usage()}
 

@@ -10,8 +10,13 @@ row's shape and pass, and the derived columns: flash's traffic is its modelled k
 each roofline floor ``max(FLOPs / 197 TFLOP/s, bytes / 819 GB/s)`` (flash's bytes: its traffic)
 and the flash / XLA ratio follow from the row's FLOPs and bytes; each peer's traffic is its
 modelled kernel bytes plus its bytes outside, the best peer is the one with the least, and
-flash / best peer follows (relative 1e-9), so a hand-edited ratio is refused. The FLOPs and bytes themselves
-are the compiler's statements; nothing re-derives them without compiling again.
+flash / best peer follows (relative 1e-9), so a hand-edited ratio is refused. A windowed row (a
+``masks-*`` scope: a profile's masked model with its window, ``bench.plan.window_row``) has no XLA
+reference (its XLA fields are null) and a window and tiles of its own; its visible least
+(``bench.plan.visible_block_least``, recomputed here from its shape, window, tiles and declared least),
+its ratios to splash-512, to that least and to every operand once, and its goals' verdicts
+(``bench.plan.WINDOW_GOALS``) must follow. The FLOPs and bytes themselves are the compiler's
+statements; nothing re-derives them without compiling again.
 """
 
 from __future__ import annotations
@@ -22,9 +27,10 @@ from pathlib import Path
 from typing import Any
 
 from ..bench import roofline
-from ..bench.cases import MODEL_SCOPES
+from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, get_profile
 from ..bench.peers import PEERS
-from ..bench.plan import LABEL, MODES, Shape, least_over_best_peer, plan_shapes
+from ..bench.plan import (LABEL, MODES, TILE_KEYS, WINDOW_GOALS, Shape, least_over_best_peer, plan_shapes,
+                          visible_block_least, window_goals, window_markdown, window_ratios)
 from ..records.rawio import JSON_ERRORS, RunError
 from .markdown import code, text
 
@@ -38,7 +44,10 @@ NUMBER_KEYS = ("flash_kernel_flops", "flash_kernel_bytes", "flash_outside_bytes"
                "flash_traffic_bytes", "flash_over_best_peer")
 PEER_KEYS = ("kernel_bytes", "outside_bytes", "traffic_bytes")
 PROVENANCE = ("command", "jax", "libtpu", "date")
-SCOPES = ("flash", *MODEL_SCOPES)  # a row's scope; rows written before scopes existed are flash rows
+SCOPES = ("flash", *MODEL_SCOPES, *MASK_SCOPES)  # a row's scope; rows written before scopes are flash rows
+XLA_KEYS = ("xla_flops", "xla_bytes", "xla_floor_ms", "flash_over_xla")
+WINDOW_KEYS = ("flash_visible_least_bytes", "flash_over_splash_512", "flash_over_visible_least",
+               "flash_over_operands_once")
 
 
 def _refuse(field: str, message: str) -> RunError:
@@ -76,16 +85,23 @@ def check_plan(doc: Any) -> None:
             raise _refuse(f"{where}/mode", f"{row.get('mode')!r} is not one of {MODES}")
         if row.get("scope", "flash") not in SCOPES:
             raise _refuse(f"{where}/scope", f"{row.get('scope')!r} is not one of {SCOPES}")
-        for key in NUMBER_KEYS:
+        for key in NUMBER_KEYS + WINDOW_KEYS:
             value = row.get(key)
             if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
                                           and math.isfinite(value) and value >= 0):
                 raise _refuse(f"{where}/{key}", f"{value!r} is not a finite number >= 0")
-        if row.get("xla_flops") is None or row.get("xla_bytes") is None:
-            raise _refuse(f"{where}/xla_flops", "the XLA reference's cost analysis is missing")
-        xla = _floor_ms(row["xla_flops"], row["xla_bytes"])
-        if not _close(row.get("xla_floor_ms"), xla):
-            raise _refuse(f"{where}/xla_floor_ms", f"{row.get('xla_floor_ms')!r}, but it follows as {xla!r}")
+        windowed = row.get("scope", "flash") in MASK_SCOPES
+        if windowed:
+            _check_window_row(row, where)
+            xla = None
+        else:
+            if row.get("window") is not None:
+                raise _refuse(f"{where}/window", "only a masks-* row has a window")
+            if row.get("xla_flops") is None or row.get("xla_bytes") is None:
+                raise _refuse(f"{where}/xla_flops", "the XLA reference's cost analysis is missing")
+            xla = _floor_ms(row["xla_flops"], row["xla_bytes"])
+            if not _close(row.get("xla_floor_ms"), xla):
+                raise _refuse(f"{where}/xla_floor_ms", f"{row.get('xla_floor_ms')!r}, but it follows as {xla!r}")
         _check_traffic(row, where)
         _check_peers(row, where)
         undeclared = (row.get("flash_kernel_flops") is None or row.get("flash_kernel_bytes") is None
@@ -96,9 +112,46 @@ def check_plan(doc: Any) -> None:
                                                          "and modelled traffic")
             continue
         flash = _floor_ms(row["flash_kernel_flops"], row["flash_traffic_bytes"])
-        for key, value in (("flash_floor_ms", flash), ("flash_over_xla", flash / xla)):
+        derived = [("flash_floor_ms", flash)] + ([] if xla is None else [("flash_over_xla", flash / xla)])
+        for key, value in derived:
             if not _close(row.get(key), value):
                 raise _refuse(f"{where}/{key}", f"{row.get(key)!r}, but it follows as {value!r}")
+
+
+def _check_window_row(row: dict[str, Any], where: str) -> None:
+    """A windowed row: no XLA fields; a window ``[left, 0]`` and tiles; its visible least, ratios and
+    goals' verdicts follow from its shape, tiles and bytes."""
+    for key in XLA_KEYS:
+        if row.get(key) is not None:
+            raise _refuse(f"{where}/{key}", "a windowed row has no XLA reference")
+    window = row.get("window")
+    if not (isinstance(window, list) and len(window) == 2
+            and all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < 2 ** 31 for x in window)
+            and window[1] == 0):
+        raise _refuse(f"{where}/window", f"{window!r} is not a causal window [left, 0] of ints >= 0")
+    models = [m.name for m in get_profile("tpu-v5e").masks if m.plan_seq_lens]
+    if row.get("model") not in models:
+        raise _refuse(f"{where}/model", f"{row.get('model')!r} is not one of the plan's masked models {models}")
+    tiles = row.get("flash_tiles")
+    if not (isinstance(tiles, dict) and set(tiles) == set(TILE_KEYS)
+            and all(isinstance(t, int) and not isinstance(t, bool) and 0 < t < 2 ** 31 for t in tiles.values())):
+        raise _refuse(f"{where}/flash_tiles", f"must give each of {TILE_KEYS} as a positive int")
+    shape = Shape(row["scope"], row["batch"], row["seq"], row["num_q_heads"], row["num_kv_heads"],
+                  row["head_dim"], row["mode"], tuple(window), row["model"])
+    if row.get("flash_kernel_bytes") is None:
+        expected = None
+    else:
+        itemsize = {"bfloat16": 2, "float32": 4}[get_profile("tpu-v5e").dtype]
+        expected = visible_block_least(shape, tiles, row["flash_kernel_bytes"], itemsize)
+    if not (row.get("flash_visible_least_bytes") is None and expected is None
+            or expected is not None and _close(row.get("flash_visible_least_bytes"), expected)):
+        raise _refuse(f"{where}/flash_visible_least_bytes",
+                      f"{row.get('flash_visible_least_bytes')!r}, but it follows as {expected!r}")
+    for key, value in window_ratios(row).items():
+        if not (row.get(key) is None and value is None or value is not None and _close(row.get(key), value)):
+            raise _refuse(f"{where}/{key}", f"{row.get(key)!r}, but it follows as {value!r}")
+    if row.get("goals_met") != window_goals(row):
+        raise _refuse(f"{where}/goals_met", f"{row.get('goals_met')!r}, but the ratios give {window_goals(row)!r}")
 
 
 def _check_traffic(row: dict[str, Any], where: str) -> None:
@@ -180,10 +233,10 @@ def plan_bytes(doc: dict[str, Any]) -> bytes:
 
 def missing_shapes(doc: dict[str, Any], profile: str = "tpu-v5e") -> list[Shape]:
     """The profile's plan shapes (``bench.plan.plan_shapes``) that no row of ``doc`` covers."""
-    have = {(r.get("scope", "flash"), r["seq"], r["num_q_heads"], r["num_kv_heads"], r["mode"])
-            for r in doc["rows"]}
+    have = {(r.get("scope", "flash"), r["seq"], r["num_q_heads"], r["num_kv_heads"], r["mode"],
+             None if r.get("window") is None else tuple(r["window"])) for r in doc["rows"]}
     return [s for s in plan_shapes(profile)
-            if (s.scope, s.seq, s.num_q_heads, s.num_kv_heads, s.mode) not in have]
+            if (s.scope, s.seq, s.num_q_heads, s.num_kv_heads, s.mode, s.window) not in have]
 
 
 def _number(value: float | None, digits: int) -> str:
@@ -218,6 +271,8 @@ def section(data_dir: Path) -> str:
              "| flash / XLA (predicted) |",
              "|---|---:|---:|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in doc["rows"]:
+        if r.get("window") is not None:
+            continue  # the windowed rows' own table follows
         best = r.get("best_peer")
         peer = (r.get("peers") or {}).get(best) or {}
         best_cell = "—" if best is None else f"{_number(peer.get('traffic_bytes') / 1e6, 1)} ({text(best)})"
@@ -229,6 +284,9 @@ def section(data_dir: Path) -> str:
                      f"| {_number(least_over_best_peer(r), 3)} "
                      f"| {_number(r.get('flash_floor_ms'), 3)} | {_number(r['xla_floor_ms'], 3)} "
                      f"| {_number(r.get('flash_over_xla'), 3)} |")
+    windowed = [r for r in doc["rows"] if r.get("window") is not None]
+    if windowed:  # the plan document's own section (headed one level below the card's section)
+        lines += [""] + ["#" + line if line.startswith("## ") else line for line in window_markdown(windowed, text)]
     missing = missing_shapes(doc)
     if missing:
         lines += ["", f"Not in this plan yet ({len(missing)} shape(s) of the profile, compiled by the same command "

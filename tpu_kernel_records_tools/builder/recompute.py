@@ -8,7 +8,9 @@ benchmark's own code (``bench.cases.build_cases``) and recomputes with ``bench.s
   pair is refused by name, an extra one too), each case at the profile's shape, dtype, masks,
   interpret mode (interpret only for Pallas on a CPU) and device count (the sharded scope's ``@n``
   case uses every device of the run);
-* per case: median, min, max, quartiles and IQR from ``samples_ms``; FLOPs and bytes from the shape;
+* per case: median, min, max, quartiles and IQR from ``samples_ms``; FLOPs and bytes from the shape
+  and the mask (``bench.roofline``: the visible pairs of the causal mask, a window and the case's
+  segment ids, counted exactly; a case whose stated mask or FLOPs differ is refused);
   TFLOP/s, GB/s and the peak fractions from those, the median, the device kind and devices used;
 * per pair: the ratio of medians and its bootstrap interval (seed: the run's recorded seed, key
   ``numerator/denominator``), devices and scaling efficiency for the sharded scope.
@@ -92,6 +94,8 @@ def _check_case(i: int, case: dict[str, Any], exp: Case, device_kind: str) -> No
         _expect(case[field], value, "case-shape", f"{where}/{field}", f"case {name!r} under its profile")
     for field, value in exp.shape.items():
         _expect(case["shape"][field], value, "case-shape", f"{where}/shape/{field}", f"case {name!r} under its profile")
+    for field, value in exp.mask_fields().items():  # absent in runs from before masks: no mask
+        _expect(case.get(field), value, "case-shape", f"{where}/{field}", f"case {name!r}'s mask under its profile")
     _expect(case["interpret"], exp.interpret, "interpret", f"{where}/interpret",
             f"case {name!r} (interpret mode only for Pallas on a CPU)")
     _expect(case["devices_used"], exp.mesh_devices or 1, "devices", f"{where}/devices_used", f"case {name!r}")

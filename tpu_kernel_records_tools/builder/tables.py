@@ -2,7 +2,8 @@
 
 Row layouts:
 
-* benchmark: one row per case; ``compiled_tpu`` (a struct, null where the case has no compiled TPU
+* benchmark: one row per case; a ``masks-*`` case's mask in ``model``, ``window``, ``softcap``,
+  ``segments``, ``sinks`` (null elsewhere, and for runs from before them); ``compiled_tpu`` (a struct, null where the case has no compiled TPU
   program or it could not be compiled: ``compiled_tpu_reason``) holds the TPU compiler's facts,
   predicted by the compiler, not measured. ``pairs`` lists every pair with this case as numerator (baseline,
   ratio of medians, CI, devices and scaling efficiency for the sharded scope); the flat
@@ -80,6 +81,15 @@ def _compiled_tpu(facts: dict[str, Any] | None, raw: str) -> dict[str, Any] | No
     return None if facts is None else {**facts, "hlo": raw + facts["hlo"]}
 
 
+def mask_columns(case: dict[str, Any]) -> dict[str, Any]:
+    """A case's mask columns: ``model``, ``window`` (``[left, right]`` as the struct ``left`` / ``right``),
+    ``softcap``, ``segments``, ``sinks``; null where the case (or a run from before masks) has none."""
+    window = case.get("window")
+    return {"model": case.get("model"),
+            "window": None if window is None else {"left": window[0], "right": window[1]},
+            "softcap": case.get("softcap"), "segments": case.get("segments"), "sinks": case.get("sinks")}
+
+
 def benchmark_rows(acc: Accepted) -> list[dict[str, Any]]:
     env, bench = acc.run["environment"], acc.run["benchmark"]
     impl = {case["case_id"]: case["implementation"] for case in bench["cases"]}
@@ -92,7 +102,8 @@ def benchmark_rows(acc: Accepted) -> list[dict[str, Any]]:
             **_common(acc), "device_kind": env["device_kind"], "device_count": env["device_count"],
             "profile": bench["profile"],
             **{k: case[k] for k in ("case_id", "scope", "implementation", "seq_len")}, **case["shape"],
-            **{k: case[k] for k in ("dtype", "causal", "padded", "devices_used", "status", "error")},
+            **{k: case[k] for k in ("dtype", "causal", "padded")}, **mask_columns(case),
+            **{k: case[k] for k in ("devices_used", "status", "error")},
             "warmups": bench["warmups"], "samples_per_case": bench["samples_per_case"],
             "num_samples": len(case["samples_ms"]), "samples_ms": case["samples_ms"],
             **{k: case[k] for k in ("transfer_ms", "lower_ms", "compile_ms", "median_ms", "min_ms", "max_ms",

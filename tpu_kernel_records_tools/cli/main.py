@@ -48,7 +48,9 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--warmups", type=_count(0), metavar="N", help="untimed calls per case (profile default 5)")
     p.add_argument("--samples", type=_count(1), metavar="N", help="timed samples per case (profile default 20)")
     p.add_argument("--scopes", nargs="+", choices=SCOPES, metavar="SCOPE",
-                   help=f"any of {', '.join(SCOPES)}; default softmax attention (all {len(SCOPES)} on tpu-v5e/gpu)")
+                   help=f"any of {', '.join(SCOPES)}; default the profile's: "
+                        + "; ".join(f"{name} {' '.join(p.scopes) if p.scopes != SCOPES else f'all {len(SCOPES)}'}"
+                                    for name, p in PROFILES.items()))
     p.add_argument("--seed", type=int, default=0, help="inputs, bootstrap CIs and the rubric (default 0)")
     p.add_argument("--power-seeds", type=_count(0), default=0, metavar="N",
                    help="seeds for the rubric's grader-power summary (default 0: none)")

@@ -3,7 +3,8 @@
 Compiles flash attention, the XLA reference and JAX's own TPU attention kernels (splash, Pallas
 flash: the peers) for a TPU v5e on this machine (libtpu, no TPU) at each shape of the profile, models
 the bytes each kernel's Pallas pipeline moves (``bench.pipeline``) and writes the compiler's
-predictions, labelled as such.
+predictions, labelled as such; then the windowed rows (flash with a model's sliding window against
+splash attention's ``LocalMask``, with the goal's ratios and verdicts: ``bench.plan.window_row``).
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                     "forward + backward, and write a Markdown table: bytes outside the kernels, "
                     "the kernels' declared least traffic and FLOPs, the bytes their Pallas pipelines "
                     "move (modelled from grids and BlockSpecs), VMEM, roofline floors, the peers' "
-                    "traffic, flash / best peer and flash / XLA. Predicted by the compiler, not measured.")
+                    "traffic, flash / best peer and flash / XLA; then the windowed rows: flash with a "
+                    "masked model's sliding window (Mistral-7B's 4,096 at 32k keys) against splash "
+                    "attention's LocalMask, with flash / splash-512, flash / the least traffic the "
+                    "visible blocks need, and whether the goal (at most 0.6 and 1.2) is met. "
+                    "Predicted by the compiler, not measured.")
     p.add_argument("--profile", default="tpu-v5e", help="benchmark profile (default tpu-v5e)")
     p.add_argument("--seq", type=int, nargs="+", metavar="N",
-                   help="sequence lengths, of the flash scope and the model shapes alike (default: all of "
-                        "the profile's)")
+                   help="sequence lengths, of the flash scope, the model shapes and the windowed rows alike "
+                        "(default: all of the profile's)")
     p.add_argument("--modes", nargs="+", choices=("fwd", "fwd+bwd"), default=["fwd", "fwd+bwd"])
     p.add_argument("--out", type=Path, metavar="FILE",
                    help="write the Markdown here (atomically); default standard output")

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..measure import environment
 from ..records import rawio
 from ..bench.benchmark import BenchmarkResult, run_benchmark
-from ..bench.cases import MODEL_SCOPES, Profile, default_profile, get_profile
+from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, Profile, default_profile, get_profile
 
 INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say nothing about kernel "
                      "speed, only that the kernel runs.")
@@ -64,7 +64,7 @@ def measured_candidates(profile: Profile, scopes: Sequence[str]) -> tuple[str, l
     kernels = []
     if {"softmax", "attention"} & set(scopes):
         kernels.append("pallas")
-    if ({"flash", *MODEL_SCOPES} & set(scopes)
+    if ({"flash", *MODEL_SCOPES, *MASK_SCOPES} & set(scopes)
             or ("sharded" in scopes and profile.sharded_kernel == "flash")):
         kernels.append("flash")
     if "sharded" in scopes and profile.sharded_kernel == "pallas" and "pallas" not in kernels:
@@ -125,8 +125,8 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
       profile: ``cpu``, ``tiny``, ``tpu-v5e`` or ``gpu``; default from the platform.
       warmups, samples: per case; the profile's defaults (5 and 20) when ``None``.
       scopes: subset of ``bench.cases.SCOPES`` (``softmax``, ``attention``, ``flash``, ``sharded``,
-        and on a TPU or GPU the model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's
-        defaults when ``None``.
+        the masks models run, ``masks-fwd``, ``masks-fwd-bwd``, and on a TPU or GPU the
+        model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's defaults when ``None``.
       seed: inputs, bootstrap resampling and the rubric.
       power_seeds: seeds for the rubric's grader-power summary; 0 records ``power: null``.
       known_bad: also grade every known-bad built-in (quick level); the profile's

@@ -34,6 +34,7 @@ _SHAPE = {
 _TIMING = "a published summary (it printed medians only)"
 _NO_PEAK = "a published summary, or a device whose peak is not known"
 _NO_PAIR = "the case is no pair's numerator (e.g. the XLA case itself)"
+_NO_MASK = "not a `masks-*` case, or a record from before masks existed"
 
 BENCHMARK = {
     **_RECORD,
@@ -42,8 +43,8 @@ BENCHMARK = {
     "profile": ("—", "the benchmark profile that chose the shapes: `cpu`, `tiny`, `tpu-v5e`, `gpu` (`published` "
                      "for a transcription)", NEVER),
     "case_id": ("—", "the case, unique in its record, e.g. `attention-pallas-s2048`", NEVER),
-    "scope": ("—", "what is timed: `softmax`, `attention`, `flash`, `sharded`, `model-fwd`, `model-fwd-bwd`",
-              NEVER),
+    "scope": ("—", "what is timed: `softmax`, `attention`, `flash`, `sharded`, `model-fwd`, `model-fwd-bwd`, "
+                   "`masks-fwd`, `masks-fwd-bwd`", NEVER),
     "implementation": ("—", "`xla` (the pure-JAX reference), `pallas`, `flash`, `flash-triton`, `cudnn`, "
                             "`submitted`, or `<impl>@<devices>` in the sharded scope", NEVER),
     "seq_len": ("tokens", "the sequence length the case is named by", NEVER),
@@ -51,6 +52,18 @@ BENCHMARK = {
     "dtype": ("—", "input dtype (`bfloat16` or `float32`); logits and statistics are fp32", NEVER),
     "causal": ("—", "bottom-right aligned causal mask", "a published summary that does not state it"),
     "padded": ("—", "whether `kv_lengths` padding was passed", "a published summary that does not state it"),
+    "model": ("—", "scopes `masks-fwd` / `masks-fwd-bwd`: the model whose attention mask the case runs "
+                   "(`mistral-7b`, `gemma-2-9b`, `gpt-oss-20b`, `packed`; `-tiny` at the CPU profiles' sizes)",
+              _NO_MASK),
+    "window": ("tokens", "the sliding window `window_size` as `left` / `right`: key `j` is visible to the row at "
+                         "position `p` iff `p - left <= j <= p + right` (a side null: unbounded); a model's "
+                         "`sliding_window = W` is `left = W - 1, right = 0`", f"{_NO_MASK}, or its mask has no window"),
+    "softcap": ("—", "the logit soft-cap: `s = softcap * tanh(s / softcap)` before masking",
+                f"{_NO_MASK}, or no soft-cap"),
+    "segments": ("count", "packed rows: documents per row, passed as segment ids (a query sees only keys of its "
+                          "document)", f"{_NO_MASK}, or rows of one sequence (no segment ids)"),
+    "sinks": ("—", "true: one sink logit per query head joins each row's softmax (its gradient is in the "
+                   "backward)", f"{_NO_MASK}, or no sinks"),
     "devices_used": ("count", "devices this case ran on", NEVER),
     "status": ("—", "`ok`, or `failed` (then `error` says why; an accepted record has only `ok`)", NEVER),
     "error": ("—", "why the case failed", "the case succeeded"),
@@ -71,9 +84,12 @@ BENCHMARK = {
     "peak_memory_bytes": ("bytes", "the devices' peak memory in use so far in the run (a high-water mark of the "
                                    "process, not of this case alone)", "the backend does not report it, or a "
                                    "published summary"),
-    "flops": ("FLOP", "useful floating-point operations of one call (causal: visible pairs only; backward 2.5x "
-                      "the forward)", "a published summary"),
-    "bytes_moved": ("bytes", "least bytes one call must move to and from device memory", "a published summary"),
+    "flops": ("FLOP", "useful floating-point operations of one call: `4 * num_q_heads * head_dim` per visible "
+                      "(query, key) pair, so pairs hidden by the causal mask, padding, a window or segment ids "
+                      "count nothing (derived from the mask exactly); backward 2.5x the forward",
+              "a published summary"),
+    "bytes_moved": ("bytes", "least bytes one call must move to and from device memory (every input read and "
+                             "every output written once)", "a published summary"),
     "tflops": ("TFLOP/s", "`flops / median`", "a published summary"),
     "gbps": ("GB/s", "`bytes_moved / median`", "a published summary"),
     "peak_flops_fraction": ("fraction", "`tflops` over the device's peak", _NO_PEAK),

@@ -15,6 +15,9 @@ the parquet files themselves, so nothing here is declared a second time.
   kernel's record (source ``submitted``) fills ``program_sha256``, ``roofline_floor_ms`` and
   ``output_checks`` (benchmark), ``programs`` (correctness: the sha256 of every program graded) and
   ``submission_spec`` / ``submission_file_sha256`` (environment); other records leave them null.
+  A ``masks-*`` case fills ``model``, ``window`` (a struct ``left`` / ``right``), ``softcap``,
+  ``segments`` and ``sinks`` where its mask has them; every other row, and every record from before
+  they existed, leaves them null.
 """
 
 from __future__ import annotations
@@ -61,6 +64,8 @@ COMPILED_TPU = _struct(
     kernels=_list(_struct(name=_str, vmem_bytes=_int, result_bytes=_int, declared_flops=_int,
                           declared_bytes=_int)),
     hlo=_str)
+# A masked case's window_size (left, right); a null side is unbounded.
+WINDOW = _struct(left=_int, right=_int)
 # A submitted kernel's timed call whose output was checked against the truth after timing.
 OUTPUT_CHECK = _struct(sample=_int, passed=_bool, detail=_str)
 POWER_SETTINGS = _struct(
@@ -74,7 +79,8 @@ FEATURES: dict[str, pa.Schema] = {
     "benchmark": _schema(
         **_RECORD, device_kind=_str, device_count=_int, profile=_str,
         case_id=_str, scope=_str, implementation=_str, seq_len=_int, **_SHAPE,
-        dtype=_str, causal=_bool, padded=_bool, devices_used=_int,
+        dtype=_str, causal=_bool, padded=_bool, model=_str, window=WINDOW, softcap=_float, segments=_int,
+        sinks=_bool, devices_used=_int,
         status=_str, error=_str, warmups=_int, samples_per_case=_int, num_samples=_int,
         samples_ms=_list(_float),
         transfer_ms=_float, lower_ms=_float, compile_ms=_float,
