@@ -64,11 +64,13 @@ class InProcessRunner:
 
 
 def grade(name, *, seed: int = 0, level: str = "quick", only: Sequence[str] | None = None,
-          runner: InProcessRunner | None = None) -> Scorecard:
-    """A scorecard of built-in (or Candidate) ``name`` at ``level``; ``only``: run just these checks."""
+          runner: InProcessRunner | None = None, features: Sequence[str] | None = None) -> Scorecard:
+    """A scorecard of built-in (or Candidate) ``name`` at ``level``; ``only``: run just these checks;
+    ``features``: grade only these of its declared features (None: all it declares)."""
     cand = resolve(name)
     runner = runner or InProcessRunner(cand.load())
-    features = declared_features(runner.fn)
+    declared = declared_features(runner.fn)
+    features = declared if features is None else tuple(f for f in declared if f in features)
     ctx = C.Context(runner, seed, level=level)
     results, verdicts = [], {}
     for spec in checks_for(features):

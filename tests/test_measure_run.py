@@ -298,7 +298,7 @@ def test_measured_kernels_are_graded_at_the_full_level_and_known_bad_at_quick(mo
 
     asked = {}
 
-    def fake_grade(name, *, seed, level):
+    def fake_grade(name, *, seed, level, features=None):
         asked[name] = level
         return rubric.Scorecard(name, "kernel", [], seed=seed, level=level)
 
