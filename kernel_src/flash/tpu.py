@@ -97,6 +97,12 @@ def _split_words(refs, count: int):
     return (refs[:len(refs) - count], refs[len(refs) - count:]) if count else (refs, ())
 
 
+# The most bytes of SMEM a block table and its counts may take (SMEM holds 1 MiB on TPUs up to
+# v6e, shared with the other scalar-prefetched arrays); past it the walk keeps its ranges and
+# passes over id-disjoint blocks without the table (no compute, but their DMA).
+TABLE_BYTES = 256 * 2 ** 10
+
+
 class Walk:
     """How the last grid axis of a kernel walks the inner blocks one outer block needs.
 
@@ -104,64 +110,83 @@ class Walk:
     (``plan.key_block_range``); dK/dV: a key block walking its query range. Step ``s`` reads block
     ``lo + s``; the steps past the range repeat its last block (so no new DMA is issued) and
     compute nothing. ``steps``, the grid's length, is the widest range: with a window about
-    ``(window + outer block) / inner block``, not every inner block. With segment ids the blocks
-    come from a table instead (``plan.block_table``, scalar-prefetched, flat): each outer block's
-    needed blocks, the id ranges of the two blocks overlapping, in order, then the last again.
-    Scalar prefetch: ``lengths`` and, with a table, the table, the counts and the id ranges of
-    the query and key blocks (``plan.segment_bounds``: a tile whose blocks hold one and the same
-    id is whole).
+    ``(window + outer block) / inner block``, not every inner block.
+
+    With segment ids the id ranges of the query and key blocks are scalar-prefetched
+    (``plan.segment_bounds``): a tile whose two blocks hold one and the same id is whole, and the
+    blocks come from a table (``plan.block_table``, flat): each outer block's needed blocks (in
+    its range, the id ranges of the two blocks overlapping), in order, then the last again, so
+    an id-disjoint block is neither computed nor fetched. Where the table would take more than
+    ``TABLE_BYTES`` of SMEM the walk keeps its range and computes no step whose blocks' id ranges
+    are disjoint (their DMA still runs).
+
+    Scalar prefetch: ``lengths``; with segment ids the bounds ``q_lo, q_hi, k_lo, k_hi``; with a
+    table the table and the counts.
     """
 
     def __init__(self, plan: Plan, block_q: int, block_k: int, num_q_blocks: int,
-                 num_k_blocks: int, by_key: bool):
+                 num_k_blocks: int, by_key: bool, batch: int = 1):
         self.plan, self.block_q, self.block_k, self.by_key = plan, block_q, block_k, by_key
+        self.num_q_blocks, self.num_k_blocks = num_q_blocks, num_k_blocks
         self.num_outer, self.num_inner = ((num_k_blocks, num_q_blocks) if by_key
                                           else (num_q_blocks, num_k_blocks))
         widest = max_query_steps if by_key else max_key_steps
         self.steps = widest(block_q, block_k, num_q_blocks, num_k_blocks, plan)
-        self.num_q_blocks, self.num_k_blocks = num_q_blocks, num_k_blocks
-        self.table = plan.segments
-        self.num_prefetch = 7 if self.table else 1
+        self.segments = plan.segments
+        self.table = plan.segments and batch * self.num_outer * (self.steps + 1) * 4 <= TABLE_BYTES
+        self.num_prefetch = 1 + 4 * self.segments + 2 * self.table
 
     def arrays(self, lengths, ids) -> tuple:
-        """The scalar-prefetch arrays: ``(lengths,)``, with segment ids ``(lengths, table,
-        counts)`` (``ids``: the padded ``[batch, q_pad]``, ``[batch, kv_pad]`` ids)."""
-        if not self.table:
+        """The scalar-prefetch arrays (``ids``: the padded ``[batch, q_pad]``, ``[batch, kv_pad]``
+        segment ids, or None)."""
+        if not self.segments:
             return (lengths,)
         bounds = segment_bounds(*ids, self.block_q, self.block_k, self.plan)
+        flat = tuple(bound.reshape(-1) for bound in bounds)
+        if not self.table:
+            return (lengths, *flat)
         needed = needed_blocks(lengths, *ids, self.block_q, self.block_k, self.plan, self.by_key,
                                bounds)
         table, count = block_table(needed, self.steps)
-        return (lengths, table.reshape(-1), count.reshape(-1),
-                *(bound.reshape(-1) for bound in bounds))
+        return (lengths, *flat, table.reshape(-1), count.reshape(-1))
 
     def _range(self, outer, length):
         find = query_block_range if self.by_key else key_block_range
         return find(outer, length, self.block_q, self.block_k, self.plan)
 
+    def _bounds(self, b, qi, ki, pre):
+        """The id ranges ``(q_lo, q_hi, k_lo, k_hi)`` of query block ``qi`` and key block ``ki``."""
+        return (pre[1][b * self.num_q_blocks + qi], pre[2][b * self.num_q_blocks + qi],
+                pre[3][b * self.num_k_blocks + ki], pre[4][b * self.num_k_blocks + ki])
+
     def block(self, b, outer, step, pre):
         """The inner block step ``step`` of outer block ``outer`` reads (``pre``: the prefetched
         refs, lengths first)."""
         if self.table:
-            return pre[1][(b * self.num_outer + outer) * self.steps + step]
+            return pre[5][(b * self.num_outer + outer) * self.steps + step]
         lo, hi = self._range(outer, pre[0][b])
         return range_block(lo, hi, step, self.num_inner)
+
+    def computes(self, b, outer, step, pre):
+        """Whether step ``step`` of outer block ``outer`` computes."""
+        if self.table:
+            return step < pre[6][b * self.num_outer + outer]
+        running = step < range_steps(*self._range(outer, pre[0][b]))
+        if not self.segments:
+            return running
+        inner = self.block(b, outer, step, pre)
+        qi, ki = (inner, outer) if self.by_key else (outer, inner)
+        q_lo, q_hi, k_lo, k_hi = self._bounds(b, qi, ki, pre)
+        return running & (q_lo <= k_hi) & (k_lo <= q_hi)
 
     def whole(self, b, qi, ki, pre):
         """``plan.whole_tile`` of the tile (query block ``qi``, key block ``ki``): with segment
         ids only where both blocks hold one and the same id."""
         same = None
-        if self.table:
-            q_lo, q_hi = (pre[i][b * self.num_q_blocks + qi] for i in (3, 4))
-            k_lo, k_hi = (pre[i][b * self.num_k_blocks + ki] for i in (5, 6))
+        if self.segments:
+            q_lo, q_hi, k_lo, k_hi = self._bounds(b, qi, ki, pre)
             same = (q_lo == q_hi) & (k_lo == k_hi) & (q_lo == k_lo)
         return whole_tile(qi, ki, self.block_q, self.block_k, pre[0][b], self.plan, same)
-
-    def count(self, b, outer, pre):
-        """How many steps of outer block ``outer`` compute."""
-        if self.table:
-            return pre[2][b * self.num_outer + outer]
-        return range_steps(*self._range(outer, pre[0][b]))
 
 
 def _split(refs, *counts):
@@ -220,7 +245,7 @@ def _forward_kernel(*refs, plan: Plan, walk: Walk, with_lse: bool):
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, F32)
         q.copy_words()
 
-    @pl.when(step < walk.count(b, qi, pre))
+    @pl.when(walk.computes(b, qi, step, pre))
     def _step():
         whole = walk.whole(b, qi, ki, pre)
         k.copy_words()
@@ -283,7 +308,7 @@ def _dq_kernel(*refs, plan: Plan, walk: Walk):
             di_ref[h] = _row(di_scratch[h])
         q.copy_words()
 
-    @pl.when(step < walk.count(b, qi, pre))
+    @pl.when(walk.computes(b, qi, step, pre))
     def _step():
         whole = walk.whole(b, qi, ki, pre)
         k.copy_words()
@@ -337,7 +362,7 @@ def _dkv_kernel(*refs, plan: Plan, walk: Walk):
         k.copy_words()
         v.copy_words()
 
-    @pl.when(step < walk.count(b, ki, pre))
+    @pl.when(walk.computes(b, ki, step, pre))
     def _step():
         whole = walk.whole(b, qi, ki, pre)
         q.copy_words()
@@ -522,7 +547,7 @@ def forward(q, k, v, lengths, plan: Plan, ids=None, sinks=None, with_lse: bool =
     q_pad, kv_pad = _seq_len(q, plan.num_q_heads, plan), _seq_len(k, plan.num_kv_heads, plan)
     bq, bk = plan.blocks.block_q, plan.blocks.block_k
     q_heads = plan.kv_head_block * plan.group
-    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=False)
+    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=False, batch=batch)
     grid = (batch, plan.num_kv_heads // plan.kv_head_block, q_pad // bq, walk.steps)
     q_map, kv_map = query_side_maps(walk)
     q_spec, kv_spec, stat_spec = _specs(plan, q_map, kv_map, bq, bk, d)
@@ -551,7 +576,7 @@ def backward(q, k, v, lengths, out, lse, do, plan: Plan, ids=None):
     q_heads, kv_heads = plan.kv_head_block * plan.group, plan.kv_head_block
 
     bq, bk = blocks.block_q_dq, blocks.block_k_dq
-    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=False)
+    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=False, batch=batch)
     grid = (batch, kv_blocks, q_pad // bq, walk.steps)
     q_map, kv_map = query_side_maps(walk)
     q_spec, kv_spec, stat_spec = _specs(plan, q_map, kv_map, bq, bk, d)
@@ -568,7 +593,7 @@ def backward(q, k, v, lengths, out, lse, do, plan: Plan, ids=None):
     )(*prefetch, q, k, v, do, out, lse, *id_arrays)
 
     bq, bk = blocks.block_q_dkv, blocks.block_k_dkv
-    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=True)
+    walk = Walk(plan, bq, bk, q_pad // bq, kv_pad // bk, by_key=True, batch=batch)
     grid = (batch, kv_blocks, kv_pad // bk, walk.steps)
     q_map, kv_map = key_side_maps(walk)
     q_spec, kv_spec, stat_spec = _specs(plan, q_map, kv_map, bq, bk, d)
