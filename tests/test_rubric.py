@@ -122,10 +122,11 @@ class _Recorder(InProcessRunner):
 
 @pytest.fixture(scope="module")
 def full_reference():
-    """The reference graded at the full level on seed 0, with every call recorded (computes and caches the
-    seed's truth and baselines for the other full-level tests of this module)."""
+    """The reference graded at the full level on seed 0 on the base contract (its features' checks are
+    test_feature_builtins'), with every call recorded (computes and caches the seed's truth and baselines
+    for the other full-level tests of this module)."""
     runner = _Recorder(BUILTIN["reference"].load())
-    return grade("reference", seed=0, level="full", runner=runner), runner.calls
+    return grade("reference", seed=0, level="full", runner=runner, features=()), runner.calls
 
 
 @pytest.mark.slow
@@ -177,7 +178,8 @@ def test_new_known_bad_is_exact_at_the_quick_shapes(name):
 def test_reference_passes_every_check_at_the_quick_level(seed):
     card = grade("reference", seed=seed)
     assert card.passed, card.failed
-    assert card.score == card.max_score == 100
+    assert card.features == FEATURES  # the reference declares every feature: 8 points each past the base 100
+    assert card.score == card.max_score == 100 + 8 * len(FEATURES)
     _validate([card])
 
 
