@@ -1,0 +1,169 @@
+"""``paged_attention_tpu`` and ``paged_attention_triton``: the public entries, one per family.
+
+Both take the paged contract's arguments (``kernel_src.paged``'s docstring), check them, lay the
+query heads out as ``plan.to_rows`` tiles, run the family's kernel (interpret mode on CPU, the
+compiled kernel on its own platform, refused on the other) and lay the rows back out.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from kernel_src import backend
+from kernel_src.contract import SUPPORTED_DTYPES, Dims, Window, check_features, default_scale, supports
+from kernel_src.flash.plan import next_power_of_two, vmem_limits
+from kernel_src.paged import gpu, tpu
+from kernel_src.paged.plan import (PagedBlockSizes, PagedPlan, clip_lengths, from_rows,
+                                   tile_rows, to_rows)
+
+FEATURES = ("window", "softcap", "sinks")  # what both families implement (no segment ids)
+
+
+def check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices) -> Dims:
+    """Validate the paged contract's arrays; ``Dims`` with ``kv_len`` the most keys a sequence's
+    table holds (``pages_per_sequence * page_size``). Raises ``ValueError`` (``TypeError`` for
+    dtypes) naming the offending argument."""
+    for name, x in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
+        if x.ndim != 4:
+            raise ValueError(f"{name} must be 4-D, got shape {tuple(x.shape)}")
+        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be bfloat16 or float32, got {x.dtype}")
+    if not q.dtype == k_pages.dtype == v_pages.dtype:
+        raise TypeError(f"q, k_pages, v_pages must share a dtype, got {q.dtype}, "
+                        f"{k_pages.dtype}, {v_pages.dtype}")
+    if k_pages.shape != v_pages.shape:
+        raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} "
+                         "must have the same shape")
+    batch, q_len, hq, d = q.shape
+    num_pages, page_size, hk, kd = k_pages.shape
+    if kd != d:
+        raise ValueError(f"q's head_dim {d} and the pages' {kd} differ")
+    if q_len < 1 or num_pages < 1 or page_size < 1:
+        raise ValueError(f"q_len ({q_len}), num_pages ({num_pages}) and page_size "
+                         f"({page_size}) must be >= 1")
+    if hk == 0 or hq % hk:
+        raise ValueError(f"num_q_heads ({hq}) must be a multiple of num_kv_heads ({hk})")
+    if page_indices.ndim != 2 or page_indices.shape[0] != batch or page_indices.shape[1] < 1:
+        raise ValueError(f"page_indices must have shape [batch={batch}, pages_per_sequence >= 1], "
+                         f"got {tuple(page_indices.shape)}")
+    if tuple(kv_lengths.shape) != (batch,):
+        raise ValueError(f"kv_lengths must have shape [batch]=({batch},), got "
+                         f"{tuple(kv_lengths.shape)}")
+    for name, x in (("page_indices", page_indices), ("kv_lengths", kv_lengths)):
+        if not jnp.issubdtype(x.dtype, jnp.integer):
+            raise TypeError(f"{name} must be an integer array, got {x.dtype}")
+    return Dims(batch, q_len, page_indices.shape[1] * page_size, hq, hk, d)
+
+
+@functools.partial(jax.jit, static_argnames=("plan", "family", "block_sizes", "vmem_limit"))
+def _paged(q, k_pages, v_pages, kv_lengths, page_indices, sinks, *, plan: PagedPlan,
+           family: str, block_sizes: PagedBlockSizes, vmem_limit: int):
+    q_rows = to_rows(q, plan.num_kv_heads, plan.rows_pad)
+    lengths = clip_lengths(kv_lengths, plan)
+    table = page_indices.astype(jnp.int32)
+    sinks = None if sinks is None else sinks.astype(jnp.float32)
+    if family == "mosaic":
+        pages = block_sizes.pages(plan.page_size, plan.pages_per_sequence)
+        if not plan.interpret:
+            pages = tpu.fit_pages(pages, plan.page_size, plan.num_kv_heads, plan.head_dim,
+                                  q.dtype.itemsize)
+        out = tpu.forward(q_rows, k_pages, v_pages, lengths, table, sinks, plan, pages,
+                          vmem_limit)
+    else:
+        block_k = min(block_sizes.block_k, max(16, next_power_of_two(plan.max_len)))
+        out = gpu.forward(q_rows, k_pages, v_pages, lengths, table, sinks, plan, block_k)
+    return from_rows(out, plan.q_len, plan.group)
+
+
+def _paged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices, scale, causal,
+                     window_size, softcap, sinks, block_sizes, interpret):
+    dims = check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices)
+    window = check_features(dims, window_size=window_size, softcap=softcap, sinks=sinks)
+    window = None if window == (None, None) else window
+    softcap = None if softcap is None else float(softcap)
+    home = {"mosaic": "tpu", "triton": "gpu"}[family]
+
+    def build(target: str, interpret: Any):
+        compiled = target != "cpu"
+        if compiled and target != home:
+            raise backend.Unsupported(f"the {family} paged kernel has no {target} lowering")
+        plan = PagedPlan(dims.q_len, dims.num_q_heads, dims.num_kv_heads, dims.head_dim,
+                         k_pages.shape[1], page_indices.shape[1], k_pages.shape[0],
+                         bool(causal), default_scale(dims.head_dim, scale), interpret,
+                         window=window, softcap=softcap, sinks=sinks is not None,
+                         rows_pad=tile_rows(dims.num_q_heads // dims.num_kv_heads * dims.q_len,
+                                            family))
+        blocks = block_sizes or PagedBlockSizes.for_platform(target)
+        return functools.partial(_paged, plan=plan, family=family, block_sizes=blocks,
+                                 vmem_limit=vmem_limits()[0])
+
+    return backend.per_platform(build, interpret, jax.ShapeDtypeStruct(q.shape, q.dtype),
+                                q, k_pages, v_pages, kv_lengths, page_indices, sinks)
+
+
+_DOC = """Paged grouped-query attention (the paged contract), forward only, in Pallas ({family}).
+
+    Args:
+      q: ``[batch, q_len, num_q_heads, head_dim]``, bf16 or fp32; ``q_len >= 1`` new rows,
+        the last ``q_len`` of each sequence: row ``i`` of sequence ``b`` sits at position
+        ``kv_lengths[b] - q_len + i``.
+      k_pages, v_pages: ``[num_pages, page_size, num_kv_heads, head_dim]``, q's dtype; query
+        head ``h`` reads kv head ``h // (num_q_heads // num_kv_heads)``.
+      kv_lengths: int ``[batch]``: key ``j < kv_lengths[b]`` of sequence ``b`` is
+        ``k_pages[page_indices[b, j // page_size], j % page_size]`` (values are clipped to
+        ``[0, pages_per_sequence * page_size]``).
+      page_indices: int ``[batch, pages_per_sequence]``; entries past a sequence's last page
+        are never used (any value), and neither are slots past its length nor other pages
+        (any value, NaN and Inf included).
+      scale: logit scale, ``head_dim ** -0.5`` by default.
+      causal: bottom-right causal (default): row ``i`` sees keys ``j <= position``.
+      window_size: ``(left, right)``, ints >= 0 or None: keys ``position - left <= j <=
+        position + right`` only; pages before the first row's window are not read.
+      softcap: float > 0: logits become ``softcap * tanh(scale * q.k / softcap)`` before
+        masking.
+      sinks: fp32 ``[num_q_heads]``: one unscaled, uncapped logit per query head in each row's
+        softmax denominator, with no value.
+      block_sizes: keys per step (``PagedBlockSizes``); ``PagedBlockSizes.for_platform``'s of
+        each target by default.
+      interpret: ``None``: interpret mode on CPU, compiled {family} on {home}, refused on the
+        other platform; ``True`` (or ``pltpu.InterpretParams(...)`` {params}): interpret
+        mode everywhere; ``False``: compiled only.
+
+    Returns:
+      ``[batch, q_len, num_q_heads, head_dim]`` in q's dtype; a row with no visible key is
+      exact zeros.
+    """
+
+
+@supports(*FEATURES)
+def paged_attention_tpu(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
+                        kv_lengths: jax.Array, page_indices: jax.Array,
+                        scale: float | None = None, causal: bool = True,
+                        window_size: Window | None = None, softcap: float | None = None,
+                        sinks: jax.Array | None = None,
+                        block_sizes: PagedBlockSizes | None = None,
+                        interpret: Any = None) -> jax.Array:
+    return _paged_attention("mosaic", q, k_pages, v_pages, kv_lengths, page_indices, scale,
+                            causal, window_size, softcap, sinks, block_sizes, interpret)
+
+
+@supports(*FEATURES)
+def paged_attention_triton(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
+                           kv_lengths: jax.Array, page_indices: jax.Array,
+                           scale: float | None = None, causal: bool = True,
+                           window_size: Window | None = None, softcap: float | None = None,
+                           sinks: jax.Array | None = None,
+                           block_sizes: PagedBlockSizes | None = None,
+                           interpret: Any = None) -> jax.Array:
+    return _paged_attention("triton", q, k_pages, v_pages, kv_lengths, page_indices, scale,
+                            causal, window_size, softcap, sinks, block_sizes, interpret)
+
+
+paged_attention_tpu.__doc__ = _DOC.format(family="Mosaic, the TPU kernel", home="TPU",
+                                          params="with its DMA checks")
+paged_attention_triton.__doc__ = _DOC.format(family="Triton, the GPU kernel", home="GPU",
+                                             params="")
