@@ -105,7 +105,15 @@ def _paged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices,
                                 q, k_pages, v_pages, kv_lengths, page_indices, sinks)
 
 
-_DOC = """Paged grouped-query attention (the paged contract), forward only, in Pallas ({family}).
+@supports(*FEATURES)
+def paged_attention_tpu(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
+                        kv_lengths: jax.Array, page_indices: jax.Array,
+                        scale: float | None = None, causal: bool = True,
+                        window_size: Window | None = None, softcap: float | None = None,
+                        sinks: jax.Array | None = None,
+                        block_sizes: PagedBlockSizes | None = None,
+                        interpret: Any = None) -> jax.Array:
+    """Paged grouped-query attention (the paged contract), forward only: the Mosaic kernel.
 
     Args:
       q: ``[batch, q_len, num_q_heads, head_dim]``, bf16 or fp32; ``q_len >= 1`` new rows,
@@ -127,26 +135,17 @@ _DOC = """Paged grouped-query attention (the paged contract), forward only, in P
         masking.
       sinks: fp32 ``[num_q_heads]``: one unscaled, uncapped logit per query head in each row's
         softmax denominator, with no value.
-      block_sizes: keys per step (``PagedBlockSizes``); ``PagedBlockSizes.for_platform``'s of
-        each target by default.
-      interpret: ``None``: interpret mode on CPU, compiled {family} on {home}, refused on the
-        other platform; ``True`` (or ``pltpu.InterpretParams(...)`` {params}): interpret
-        mode everywhere; ``False``: compiled only.
+      block_sizes: pages per step (``PagedBlockSizes``); ``PagedBlockSizes.for_platform``'s of
+        each target by default (compiled, shrunk until the K/V buffers fit
+        ``tpu.BUFFER_BYTES`` of VMEM).
+      interpret: ``None``: interpret mode on CPU, Mosaic on TPU, refused on GPU; ``True`` or
+        ``pltpu.InterpretParams(...)`` (``backend.tpu_interpret_params()``: races, NaN-filled
+        VMEM, out-of-bounds reads raise): interpret mode everywhere; ``False``: compiled only.
 
     Returns:
       ``[batch, q_len, num_q_heads, head_dim]`` in q's dtype; a row with no visible key is
       exact zeros.
     """
-
-
-@supports(*FEATURES)
-def paged_attention_tpu(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
-                        kv_lengths: jax.Array, page_indices: jax.Array,
-                        scale: float | None = None, causal: bool = True,
-                        window_size: Window | None = None, softcap: float | None = None,
-                        sinks: jax.Array | None = None,
-                        block_sizes: PagedBlockSizes | None = None,
-                        interpret: Any = None) -> jax.Array:
     return _paged_attention("mosaic", q, k_pages, v_pages, kv_lengths, page_indices, scale,
                             causal, window_size, softcap, sinks, block_sizes, interpret)
 
@@ -159,11 +158,12 @@ def paged_attention_triton(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
                            sinks: jax.Array | None = None,
                            block_sizes: PagedBlockSizes | None = None,
                            interpret: Any = None) -> jax.Array:
+    """Paged grouped-query attention (the paged contract), forward only: the Triton kernel.
+
+    Arguments, shapes and result as ``paged_attention_tpu``, except: ``block_sizes.block_k``
+    keys are gathered per loop iteration (``block_sizes.pages_per_step`` and ``keys_per_step``
+    are unused); ``interpret=None`` runs interpret mode on CPU, Triton on GPU (CUDA, ROCm) and
+    is refused on TPU, ``interpret=True`` interprets everywhere.
+    """
     return _paged_attention("triton", q, k_pages, v_pages, kv_lengths, page_indices, scale,
                             causal, window_size, softcap, sinks, block_sizes, interpret)
-
-
-paged_attention_tpu.__doc__ = _DOC.format(family="Mosaic, the TPU kernel", home="TPU",
-                                          params="with its DMA checks")
-paged_attention_triton.__doc__ = _DOC.format(family="Triton, the GPU kernel", home="GPU",
-                                             params="")
