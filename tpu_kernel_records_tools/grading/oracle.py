@@ -133,7 +133,7 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, s
     # Head-major views for batched matmuls (BLAS): queries [b, hk, g, q, d], keys/values [b, hk, 1, k, d].
     qg = q.reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
     kh, vh = (x.transpose(0, 2, 1, 3)[:, :, None] for x in (k, v))
-    s = (qg @ kh.swapaxes(-1, -2)) * scale  # [b, hk, g, q, k]
+    s = _per_kv_head(qg, kh.swapaxes(-1, -2)) * scale  # [b, hk, g, q, k]
     if softcap is not None:
         tanh = np.tanh(s / softcap)
         s = softcap * tanh
@@ -151,18 +151,18 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, s
         e_sink = np.exp(sink - row_max)
         denom = denom + e_sink
     p = e / np.where(denom > 0, denom, 1.0)
-    out = _token_major(p @ vh, q.shape)
+    out = _token_major(_per_kv_head(p, vh), q.shape)
     probs = p.reshape(batch, hq, q_len, kv_len)
     m = magnitude_dtype
     pm, vm = p.astype(m, copy=False), np.abs(vh).astype(m)
-    mag = {"out": _token_major(pm @ vm, q.shape).astype(np.float64)} if magnitudes else {}
+    mag = {"out": _token_major(_per_kv_head(pm, vm), q.shape).astype(np.float64)} if magnitudes else {}
     if ct is None:
         return Truth(out, None, None, None, vis, probs, mag, logit_max)
 
     do = ct.reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
     pt = p.swapaxes(-1, -2)  # [b, hk, g, k, q]
     dv_h = pt @ do
-    dp = do @ vh.swapaxes(-1, -2)
+    dp = _per_kv_head(do, vh.swapaxes(-1, -2))
     rowsum = (dp * p).sum(axis=-1, keepdims=True)  # dO . O per row
     ds = p * (dp - rowsum)
     dsinks = None
@@ -171,24 +171,33 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, s
         dsinks = -(p_sink * rowsum).sum(axis=(0, 3, 4)).reshape(hq)
     if softcap is not None:
         ds = ds * slope
-    dq = _token_major(ds @ kh, q.shape) * scale
+    dq = _token_major(_per_kv_head(ds, kh), q.shape) * scale
     dk_h = (ds.swapaxes(-1, -2) @ qg) * scale
     dk, dv = _kv_major(dk_h), _kv_major(dv_h)
     per = (_per_head(dk_h), _per_head(dv_h)) if per_head else None
 
     if magnitudes:
         dom = np.abs(do).astype(m)
-        dp_mag = dom @ vm.swapaxes(-1, -2)
+        dp_mag = _per_kv_head(dom, vm.swapaxes(-1, -2))
         rowsum_mag = (dp_mag * pm).sum(axis=-1, keepdims=True)
         ds_mag = pm * (dp_mag + rowsum_mag)
         if softcap is not None:
             ds_mag = ds_mag * slope.astype(m)
         mag["dv"] = _kv_major(pm.swapaxes(-1, -2) @ dom).astype(np.float64)
-        mag["dq"] = (_token_major(ds_mag @ np.abs(kh).astype(m), q.shape) * scale).astype(np.float64)
+        mag["dq"] = (_token_major(_per_kv_head(ds_mag, np.abs(kh).astype(m)), q.shape) * scale).astype(np.float64)
         mag["dk"] = (_kv_major(ds_mag.swapaxes(-1, -2) @ np.abs(qg).astype(m)) * scale).astype(np.float64)
         if sinks is not None:
             mag["dsinks"] = (p_sink * rowsum_mag).sum(axis=(0, 3, 4)).reshape(hq).astype(np.float64)
     return Truth(out, dq, dk, dv, vis, probs, mag, logit_max, per, dsinks)
+
+
+def _per_kv_head(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``a @ b`` for ``a`` ``[batch, hk, g, m, n]`` and ``b`` ``[batch, hk, 1, n, p]`` (one matrix per kv head,
+    shared by its group): the group folded into ``a``'s rows, so each product is one BLAS call. NumPy's
+    broadcasting matmul over the group took seconds (no BLAS) on caches of 100k keys."""
+    batch, hk, g, m, n = a.shape
+    out = a.reshape(batch, hk, g * m, n) @ b[:, :, 0]
+    return out.reshape(batch, hk, g, m, out.shape[-1])
 
 
 def _token_major(x: np.ndarray, shape) -> np.ndarray:
