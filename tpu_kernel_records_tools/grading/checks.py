@@ -265,8 +265,8 @@ def _values_along_keys(p: Problem) -> Problem:
 def check_forward_accuracy(ctx: Context) -> Outcome:
     def build(r):
         ps = [ctx.problem(r(n), slot) for n, slot in enumerate(ctx.slots(
-            "long", "accum", "batch", "ahead", "serve8", "spec", "longcache", "prefill", "exact512", "exact2048",
-            "exact4096"))]
+            "long", "accum", "batch", "ahead", "serve8", "spec", "longcache", "longdecode", "longspec", "prefill",
+            "exact512", "exact2048", "exact4096"))]
         return ps + [_values_along_keys(ctx.problem(r(20), slot)) for slot in ctx.slots("longcache")]
     ps = problems(ctx, "forward-accuracy", build)
     verdicts = [_judge_out(p, ctx.forward(p)) for p in ps]

@@ -27,6 +27,8 @@ small[d]    1      32 + r(0, 31)                   128 + r(1, 127)              
 serve8      8      1                               ~1024 + r(1, 1023)               8 / 2       128
 spec        8      r(2, 8)                         ~512 + r(1, 1535)                8 / 2       128
 longcache   2      r(1, 16)                        ~8192 + r(1, 8191)               4 / 1       128
+longdecode  2      1                               ~32768 + r(1, 98303)             8 / 1       64
+longspec    2      r(2, 8)                         ~32768 + r(1, 98303)             4 / 2       64
 heads[h]    1      16 + r(0, 16)                   ~64 + r(1, 63)                   h / 8       128
 mha[h]      1      as heads[h]                     as heads[h]                      h / h       64, 128, 64
 prefill     1      2048 + r(1, 255)                ~q + r(1, 511)                   2 / 1       64
@@ -46,16 +48,19 @@ kv_len > 2048 in bfloat16 (``accum``); split-KV decoding (``decode``, q_len 1). 
 and training run every day (drawn from a generator of their own, so the slots above are those of
 earlier versions): a serving batch of 8 with 8 distinct kv_lengths (``serve8``, decoding, and
 ``spec``, speculative decoding with 2-8 draft tokens, causal); KV caches of 8,192-16,384 keys in
-bfloat16 (``longcache``); 24, 40 and 64 query heads over 8 kv heads and as many kv heads (past one or
-more blocks of 16 heads, with a remainder block at 24 and 40); plain multi-head attention at head_dim
-64 and 128 in every grade (``mha[h]``, ``exact512``); chunked prefill of more than 2048 queries against
-a longer cache (``prefill``); and lengths that are exact multiples of every tile (``exact*``: 512, 2048
-and 4096, beside the ragged ones).
+bfloat16 (``longcache``), and decoding (``longdecode``) and speculative decoding (``longspec``) over
+32,769-131,071 keys in bfloat16, every length past 2^15 (past any 16-bit key position or length; from
+a generator of their own, so the slots before them stay as drawn); 24, 40 and 64 query heads over 8 kv
+heads and as many kv heads (past one or more blocks of 16 heads, with a remainder block at 24 and 40);
+plain multi-head attention at head_dim 64 and 128 in every grade (``mha[h]``, ``exact512``); chunked
+prefill of more than 2048 queries against a longer cache (``prefill``); and lengths that are exact
+multiples of every tile (``exact*``: 512, 2048 and 4096, beside the ragged ones).
 
 kv_lengths (``draw_lengths``): batch >= 3 gets ``{0, kv_len, r(m, kv_len - 1)}`` in random order; smaller
 batches ``kv_len`` and ``r(m, kv_len - 1)`` when ``m > 1``, else random lengths in ``[1, kv_len - 1]``, the
 first past 128 when kv_len > 129; ``m`` is 2049 for ``accum`` (long rows in bfloat16), 641 for
-``decode`` (room for needles past the first 512-key split) and 4097 for ``longcache``, 1 elsewhere
+``decode`` (room for needles past the first 512-key split), 4097 for ``longcache`` and 32769 for
+``longdecode`` and ``longspec`` (a full and a partial length, both past 2^15), 1 elsewhere
 (``SLOT_MIN_LENGTH``). ``serve8`` and ``spec`` (``serving_lengths``): 0, kv_len and six lengths, one
 from the middle half of each sixth of ``[1, kv_len - 1]``, shuffled: eight distinct lengths at least
 ``kv_len / 24`` apart, so a sequence given another's length loses or gains many keys.
@@ -64,8 +69,8 @@ Each slot has one dtype and set of flags (``SLOT_FLAGS``; the ``small[d]`` slots
 combination of causal and kv_lengths, all with the explicit scale), so every (shape, dtype, flags) is
 drawn at least twice with different values in one grade. Per check (``grading.checks``):
 forward-accuracy long, accum, batch, ahead, serve8, spec, longcache (twice: random, and V constant
-along keys, which a bfloat16 running sum cannot return exactly), prefill, exact512, exact2048,
-exact4096; gradients long, accum, decode, gqa, heads40, exact512; causal-leak long, ahead, spec,
+along keys, which a bfloat16 running sum cannot return exactly), longdecode, longspec, prefill,
+exact512, exact2048, exact4096; gradients long, accum, decode, gqa, heads40, exact512; causal-leak long, ahead, spec,
 prefill, exact2048, exact4096; padding-leak accum, decode, serve8, spec, longcache; empty-rows batch,
 ahead, serve8 (gradients); mask-readout readout (one-hot V, twice); gqa-mapping gqa (three draws), and
 heads[h], mha[h] (V = kv head + 1, and a random draw, each); large-logits needle (logits ~ +-500;
@@ -100,7 +105,8 @@ GROUPS = (1, 2, 4, 8)
 TILES = (128, 256, 512)
 MANY_HEADS = (24, 40, 64)  # heads[h] and mha[h]
 MHA_HEAD_DIMS = {24: 64, 40: 128, 64: 64}
-SERVING_SLOTS = ("serve8", "spec", "longcache", *(f"heads{h}" for h in MANY_HEADS),
+LONG_CONTEXT = (32_768, 131_072)  # longdecode and longspec: kv_len and every length past the first, at most the second
+SERVING_SLOTS = ("serve8", "spec", "longcache", "longdecode", "longspec", *(f"heads{h}" for h in MANY_HEADS),
                  *(f"mha{h}" for h in MANY_HEADS), "prefill", "exact512", "exact2048", "exact4096")
 SHORT = {"float32": "f32", "bfloat16": "bf16"}
 # Fixed (not drawn) so an explicit scale costs one compiled executable per shape, not one per seed. It must
@@ -175,7 +181,19 @@ def _serving_shapes(seed: int) -> dict[str, Dims]:
     shapes["exact512"] = Dims(2, 512, 512, 4, 4, 64)
     shapes["exact2048"] = Dims(1, 512, 2048, 2, 1, 128)
     shapes["exact4096"] = Dims(1, 2048, 4096, 1, 1, 64)
-    return shapes
+    return {**shapes, **_long_context_shapes(seed)}
+
+
+def _long_context_shapes(seed: int) -> dict[str, Dims]:
+    """``longdecode`` and ``longspec`` (module docstring), from a generator of their own (issue 36)."""
+    rng = _rng(seed, "long context shapes")
+    low, high = LONG_CONTEXT
+
+    def kv_len() -> int:
+        return min(_not_tile_multiple(low + int(rng.integers(1, high - low))), high - 1)
+
+    return {"longdecode": Dims(2, 1, kv_len(), 8, 1, 64),
+            "longspec": Dims(2, int(rng.integers(2, 9)), kv_len(), 4, 2, 64)}
 
 
 # Each slot's dtype and flags ``(dtype, causal, kv_lengths, scale)``, the same in every check that draws
@@ -192,6 +210,8 @@ SLOT_FLAGS = {
     "serve8": ("bfloat16", True, True, None),
     "spec": ("float32", True, True, None),
     "longcache": ("bfloat16", True, True, None),
+    "longdecode": ("bfloat16", True, True, None),
+    "longspec": ("bfloat16", True, True, None),
     "heads24": ("float32", True, False, None),
     "heads40": ("bfloat16", True, False, None),
     "heads64": ("float32", False, False, None),
@@ -210,8 +230,9 @@ SMALL_FLAGS = (("float32", False, False), ("bfloat16", True, False), ("float32",
 
 # Shortest non-zero kv_length a slot draws where the slot's point needs long rows (at the full level):
 # accumulation over >= 2048 keys, split-KV decoding with room for needles past the first 512 keys, a
-# cache longer than 4096 keys.
-SLOT_MIN_LENGTH = {"accum": 2049, "decode": 641, "longcache": 4097}
+# cache longer than 4096 keys, lengths past 2^15.
+SLOT_MIN_LENGTH = {"accum": 2049, "decode": 641, "longcache": 4097, "longdecode": LONG_CONTEXT[0] + 1,
+                   "longspec": LONG_CONTEXT[0] + 1}
 
 
 # The slots some check grades with gradients: their forward-only problems get the reference's forward
