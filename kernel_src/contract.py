@@ -56,6 +56,29 @@ Rules the rubric (``grading.checks``) judges, each by a named check:
 * ``jax.grad`` works; the same inputs give the same bits (determinism); different
   inputs get their own answers (no result kept by shape).
 * Each declared feature is graded by the check of its name (window, softcap, segments, sinks).
+
+The paged contract (a KV cache kept in fixed-size pages, as serving engines keep it):
+
+``paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, scale=None, causal=True,
+window_size=None, softcap=None, sinks=None) -> out``
+
+* ``q``: ``[batch, q_len, num_q_heads, head_dim]`` with ``q_len >= 1`` (decoding, speculative rows,
+  chunks of prefill); ``k_pages``, ``v_pages``: ``[num_pages, page_size, num_kv_heads, head_dim]`` (the
+  pool); ``page_indices``: int32 ``[batch, pages_per_sequence]``; ``kv_lengths``: int32 ``[batch]``. Key
+  ``j`` of sequence ``b`` is ``k_pages[page_indices[b, j // page_size], j % page_size]`` for
+  ``j < kv_lengths[b]`` (``kv_lengths[b] <= pages_per_sequence * page_size``).
+* Query row ``i`` of sequence ``b`` sits at position ``p = kv_lengths[b] - q_len + i`` (the new tokens
+  are the last ``q_len`` of the sequence): ``visible`` with ``kv_len = kv_lengths[b]``. ``causal``
+  (default True, as in serving) hides keys ``j > p``; ``window_size``, ``softcap`` and ``sinks`` mean
+  what they mean for ``attention`` (features ``"window"``, ``"softcap"``, ``"sinks"``, declared the same
+  way; segment ids do not apply: ``PAGED_FEATURES``). A row with no visible key (``kv_lengths[b] = 0``,
+  or ``p < 0`` under causal) yields exact zeros.
+* Slots past ``kv_lengths[b]`` in a sequence's last page, pages no sequence references, and entries of
+  ``page_indices`` past a sequence's last page may hold anything, NaN and Inf included: they change
+  nothing, not one bit. Pages may be shared between sequences (prefix caching) and appear in any
+  order; a permutation of the pool with the table permuted alike changes no bit of the output.
+* Grouped-query heads as in ``attention``; all float32 or all bfloat16 (the pool in the input dtype);
+  the same precision rules. Forward only: no gradients are graded.
 """
 
 from __future__ import annotations
@@ -68,6 +91,7 @@ import jax.numpy as jnp
 
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 FEATURES = ("window", "softcap", "segments", "sinks")  # in this order wherever features are listed
+PAGED_FEATURES = ("window", "softcap", "sinks")  # the features that apply to paged_attention
 FEATURE_ARGUMENTS = {"window": ("window_size",), "softcap": ("softcap",),
                      "segments": ("q_segment_ids", "kv_segment_ids"), "sinks": ("sinks",)}
 Window = tuple[int | None, int | None]
@@ -115,6 +139,75 @@ def check_inputs(q: jax.Array, k: jax.Array, v: jax.Array, kv_lengths: jax.Array
         if not jnp.issubdtype(kv_lengths.dtype, jnp.integer):
             raise TypeError(f"kv_lengths must be an integer array, got {kv_lengths.dtype}")
     return Dims(batch, q_len, kv_len, hq, hk, d)
+
+
+class PagedDims(NamedTuple):
+    batch: int
+    q_len: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_pages: int
+    page_size: int
+    pages_per_sequence: int
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def max_length(self) -> int:
+        """The most keys a sequence's table can hold: ``pages_per_sequence * page_size``."""
+        return self.pages_per_sequence * self.page_size
+
+
+def check_paged_inputs(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lengths: jax.Array,
+                       page_indices: jax.Array) -> PagedDims:
+    """Validate shapes and dtypes against the paged contract; return the problem's dimensions.
+
+    Raises ``ValueError`` (``TypeError`` for dtypes) with a one-line message naming the offending argument.
+    Values (lengths within the table, indices within the pool) are not checked: they may be traced."""
+    for name, x, axes in (("q", q, "[batch, q_len, num_q_heads, head_dim]"),
+                          ("k_pages", k_pages, "[num_pages, page_size, num_kv_heads, head_dim]"),
+                          ("v_pages", v_pages, "[num_pages, page_size, num_kv_heads, head_dim]")):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name} must be 4-D {axes}, got shape {tuple(getattr(x, 'shape', ()))}")
+        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
+            raise TypeError(f"{name} must be bfloat16 or float32, got {x.dtype}")
+    if not (q.dtype == k_pages.dtype == v_pages.dtype):
+        raise TypeError(f"q, k_pages, v_pages must share a dtype, got {q.dtype}, {k_pages.dtype}, {v_pages.dtype}")
+    if k_pages.shape != v_pages.shape:
+        raise ValueError(f"k_pages and v_pages must have the same shape, got {tuple(k_pages.shape)} and "
+                         f"{tuple(v_pages.shape)}")
+    batch, q_len, hq, d = q.shape
+    num_pages, page_size, hk, kd = k_pages.shape
+    if q_len < 1:
+        raise ValueError(f"q_len must be >= 1, got q of shape {tuple(q.shape)}")
+    if kd != d:
+        raise ValueError(f"q {tuple(q.shape)} and k_pages {tuple(k_pages.shape)} must agree on head_dim")
+    if num_pages < 1 or page_size < 1:
+        raise ValueError(f"k_pages must hold at least one page of at least one slot, got {tuple(k_pages.shape)}")
+    if hk == 0 or hq % hk:
+        raise ValueError(f"num_q_heads ({hq}) must be a multiple of num_kv_heads ({hk})")
+    for name, x, shape in (("kv_lengths", kv_lengths, "[batch]"), ("page_indices", page_indices,
+                                                                    "[batch, pages_per_sequence]")):
+        if x is None:
+            raise ValueError(f"{name} is required: int32 {shape}")
+        if not jnp.issubdtype(x.dtype, jnp.integer):
+            raise TypeError(f"{name} must be an int32 array {shape}, got {x.dtype}")
+    if tuple(kv_lengths.shape) != (batch,):
+        raise ValueError(f"kv_lengths must have shape [batch]=({batch},), got {tuple(kv_lengths.shape)}")
+    if page_indices.ndim != 2 or page_indices.shape[0] != batch or page_indices.shape[1] < 1:
+        raise ValueError(f"page_indices must have shape [batch={batch}, pages_per_sequence >= 1], got "
+                         f"{tuple(page_indices.shape)}")
+    return PagedDims(batch, q_len, hq, hk, d, num_pages, page_size, int(page_indices.shape[1]))
+
+
+def check_paged_features(dims: PagedDims, *, window_size=None, softcap=None, sinks=None) -> Window | None:
+    """``check_features`` for the paged contract (no segment ids); returns the window or None."""
+    return check_features(Dims(dims.batch, dims.q_len, dims.max_length, dims.num_q_heads, dims.num_kv_heads,
+                               dims.head_dim), window_size=window_size, softcap=softcap, sinks=sinks)
 
 
 def default_scale(head_dim: int, scale: float | None) -> float:

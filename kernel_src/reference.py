@@ -5,7 +5,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernel_src.contract import FEATURES, Window, check_features, check_inputs, default_scale, visibility_mask
+from kernel_src.contract import (FEATURES, PAGED_FEATURES, Window, check_features, check_inputs, check_paged_features,
+                                 check_paged_inputs, default_scale, visibility_mask, visible)
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -30,6 +31,12 @@ def reference_masked_softmax(logits: jax.Array, *, causal: bool = False,
     q_len, kv_len = logits.shape[-2:]
     mask = visibility_mask(q_len, kv_len, causal, kv_lengths, window, q_segment_ids, kv_segment_ids)
     mask = mask.reshape(mask.shape[:1] + (1,) * (logits.ndim - 3) + mask.shape[1:])
+    return _softmax_where(logits, mask, sinks)
+
+
+def _softmax_where(logits: jax.Array, mask: jax.Array, sinks: jax.Array | None) -> jax.Array:
+    """fp32 softmax over the last axis of the keys ``mask`` (broadcasting against ``logits``) shows, the
+    sinks (broadcasting against ``logits.shape[1:-2]``) in each denominator; rows with no key are zeros."""
     logits = jnp.where(mask, logits.astype(jnp.float32), -jnp.inf)
     row_max = jnp.max(logits, axis=-1, keepdims=True)
     if sinks is not None:
@@ -84,3 +91,51 @@ def reference_attention(q: jax.Array, k: jax.Array, v: jax.Array, *, causal: boo
 
 
 reference_attention.features = FEATURES
+
+
+def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *, kv_lengths: jax.Array,
+                              page_indices: jax.Array, scale: float | None = None, causal: bool = True,
+                              window_size: Window | None = None, softcap: float | None = None,
+                              sinks: jax.Array | None = None) -> jax.Array:
+    """The paged contract (``kernel_src.contract``) in plain JAX: gather every sequence's table, then attend.
+
+    Args:
+      q: ``[batch, q_len, num_q_heads, head_dim]``, bf16 or fp32.
+      k_pages, v_pages: ``[num_pages, page_size, num_kv_heads, head_dim]``, same dtype as ``q``.
+      kv_lengths: int ``[batch]``: keys ``j < kv_lengths[b]`` of sequence ``b`` exist.
+      page_indices: int ``[batch, pages_per_sequence]``: key ``j`` is slot ``j % page_size`` of page
+        ``page_indices[b, j // page_size]``.
+      scale, causal, window_size, softcap, sinks: as in ``reference_attention``, with row ``i`` of sequence
+        ``b`` at position ``kv_lengths[b] - q_len + i``.
+
+    Returns:
+      ``[batch, q_len, num_q_heads, head_dim]`` in the input dtype, computed as ``reference_attention``
+      computes (fp32 logits, statistics and accumulation). Slots past a length are replaced by zeros
+      with ``where`` before any product, so NaN or Inf there (or in any page no valid key is on) reaches
+      no result; rows with no visible key are exact zeros.
+    """
+    dims = check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices)
+    window = check_paged_features(dims, window_size=window_size, softcap=softcap, sinks=sinks)
+    scale = default_scale(dims.head_dim, scale)
+    b, lq, hk, g, d = dims.batch, dims.q_len, dims.num_kv_heads, dims.group, dims.head_dim
+    span = dims.max_length
+    lengths = kv_lengths.astype(jnp.int32)
+    j = jnp.arange(span)
+    exists = (j[None, :] < lengths[:, None])[:, :, None, None]  # [b, span, 1, 1]
+    pages = page_indices.astype(jnp.int32)
+    k = jnp.where(exists, k_pages[pages].reshape(b, span, hk, d), 0)  # the gathered cache [b, span, hk, d]
+    v = jnp.where(exists, v_pages[pages].reshape(b, span, hk, d), 0)
+    qg = q.reshape(b, lq, hk, g, d)
+    logits = jnp.einsum("bqhgd,bkhd->bhgqk", qg, k, precision=_HIGHEST,
+                        preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
+    mask = visible(jnp.arange(lq)[None, :, None], j[None, None, :], lq, lengths[:, None, None], causal, None,
+                   window)  # [b, q_len, span]
+    grouped_sinks = None if sinks is None else sinks.reshape(hk, g)
+    p = _softmax_where(logits, mask[:, None, None], grouped_sinks)
+    out = jnp.einsum("bhgqk,bkhd->bqhgd", p, v.astype(jnp.float32), precision=_HIGHEST)
+    return out.reshape(q.shape).astype(q.dtype)
+
+
+reference_paged_attention.features = PAGED_FEATURES

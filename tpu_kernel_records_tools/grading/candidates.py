@@ -27,12 +27,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..grading.cpu_jit import CPU_COMPILE_OPTIONS, cpu_compile_options, jit_cpu  # noqa: F401  (re-exported)
+from ..grading.paged_candidates import PAGED_ENTRIES
 from kernel_src.contract import FEATURES, declared_features
 from kernel_src.reference import reference_attention
 from kernel_src.registry import IMPLEMENTATIONS
 
 Attention = Callable[..., jax.Array]
 KINDS = ("reference", "kernel", "correct-variant", "known-bad", "external")
+CONTRACTS = ("attention", "paged")  # kernel_src.contract's attention and paged_attention
 
 
 class CandidateSpecError(ValueError):
@@ -53,6 +56,7 @@ class Candidate:
     loader: Callable[[], Attention] = field(repr=False)
     catches: tuple[str, ...] = ()
     root: str | None = None  # a folder the user named for a kernel of several files: bound, first on sys.path
+    contract: str = "attention"  # CONTRACTS: which contract it follows and which checks grade it
 
     def load(self) -> Attention:
         """Import and return the callable; raises :class:`CandidateLoadError` with the reason."""
@@ -435,40 +439,6 @@ def _flash_style(q, k, v, kv_lengths, *, causal, scale, per_head_dkv=False, bloc
 
     attention.defvjp(fwd, bwd)
     return attention(q, k, v, lengths, (q_segment_ids, kv_segment_ids, sinks))
-
-
-# XLA:CPU's classic fusion emitters instead of its default MLIR ones: the same bits on the reference's programs
-# (tests/test_grader_speed.py compares them) for about 60% of the compile time, and a grade on a CPU is mostly
-# compiling (every shape a check draws is a new program, for the reference's baseline and the candidate alike).
-# Applied to the grader's own programs (``jit_cpu``) and, through XLA_FLAGS, to a worker on a CPU
-# (``grading.worker``); never on an accelerator.
-CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-
-
-@functools.cache
-def cpu_compile_options() -> dict:
-    """``CPU_COMPILE_OPTIONS`` where JAX computes on the CPU, else none (initializes JAX's backend)."""
-    return dict(CPU_COMPILE_OPTIONS) if jax.default_backend() == "cpu" else {}
-
-
-def jit_cpu(fn, **jit_kwargs):
-    """``jax.jit(fn, **jit_kwargs)``, compiled under ``cpu_compile_options()`` where it is called on arrays
-    (JAX takes compile options only for a top-level program); on tracers (inside another jit, ``jax.vjp``)
-    the plain jitted ``fn``, which becomes part of the caller's program. The options are decided at the
-    first call: importing this module does not start JAX's backend."""
-    plain = jax.jit(fn, **jit_kwargs)
-    top = []
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
-            return plain(*args, **kwargs)
-        if not top:
-            options = cpu_compile_options()
-            top.append(jax.jit(fn, compiler_options=options, **jit_kwargs) if options else plain)
-        return top[0](*args, **kwargs)
-
-    return call
 
 
 # --------------------------------------------------------------------------------------------------
@@ -977,6 +947,18 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
 ]}
 
 
+# The paged built-ins (``grading.paged_candidates``), kept apart from BUILTIN: every consumer of BUILTIN grades the
+# attention contract. ``resolve`` finds both; ``is_builtin`` tells either from a stranger's code.
+PAGED_BUILTIN: dict[str, Candidate] = {e.name: Candidate(e.name, e.kind, e.doc, e.loader, e.catches, contract="paged")
+                                       for e in PAGED_ENTRIES}
+
+
+def is_builtin(candidate) -> bool:
+    """Whether ``candidate`` is one of the project's own built-ins (``BUILTIN`` or ``PAGED_BUILTIN``)."""
+    name = getattr(candidate, "name", None)
+    return BUILTIN.get(name) is candidate or PAGED_BUILTIN.get(name) is candidate
+
+
 def names_a_file(target: str) -> bool:
     """Whether a spec's target (before ``:function``) names a source file rather than a module path."""
     return target.endswith(".py") or "/" in target or "\\" in target
@@ -1008,7 +990,8 @@ def _load_external(spec: str, target: str, function: str) -> Callable[[], Attent
 
 
 def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Candidate:
-    """A built-in name, ``path/to/file.py:function`` or ``package.module:function`` as a Candidate.
+    """A built-in name (``BUILTIN`` or ``PAGED_BUILTIN``), ``path/to/file.py:function`` or
+    ``package.module:function`` as a Candidate.
 
     ``root``: the folder of a kernel that spans several files (its modules import each other from it); a
     file spec must lie inside it. Raises :class:`CandidateSpecError` for a spec of neither form, or a
@@ -1020,9 +1003,11 @@ def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Can
     spec = str(spec).strip()
     if spec in BUILTIN:
         return BUILTIN[spec]
+    if spec in PAGED_BUILTIN:
+        return PAGED_BUILTIN[spec]
     if ":" not in spec:
         raise CandidateSpecError(
-            f"unknown candidate {spec!r}: use a built-in ({', '.join(BUILTIN)}), "
+            f"unknown candidate {spec!r}: use a built-in ({', '.join([*BUILTIN, *PAGED_BUILTIN])}), "
             f"path/to/file.py:function or package.module:function")
     target, _, function = spec.rpartition(":")
     if not target or not function.isidentifier():

@@ -1,0 +1,44 @@
+"""``jit_cpu``: ``jax.jit`` with XLA:CPU's faster-compiling options where JAX computes on a CPU.
+
+The grader's own programs (the reference's baselines) and the built-in candidates compile through it; a
+worker on a CPU gets the same options through ``XLA_FLAGS`` (``grading.worker``).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+
+# XLA:CPU's classic fusion emitters instead of its default MLIR ones: the same bits on the reference's programs
+# (tests/test_grader_speed.py compares them) for about 60% of the compile time, and a grade on a CPU is mostly
+# compiling (every shape a check draws is a new program, for the reference's baseline and the candidate alike).
+# Applied to the grader's own programs (``jit_cpu``) and, through XLA_FLAGS, to a worker on a CPU
+# (``grading.worker``); never on an accelerator.
+CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+@functools.cache
+def cpu_compile_options() -> dict:
+    """``CPU_COMPILE_OPTIONS`` where JAX computes on the CPU, else none (initializes JAX's backend)."""
+    return dict(CPU_COMPILE_OPTIONS) if jax.default_backend() == "cpu" else {}
+
+
+def jit_cpu(fn, **jit_kwargs):
+    """``jax.jit(fn, **jit_kwargs)``, compiled under ``cpu_compile_options()`` where it is called on arrays
+    (JAX takes compile options only for a top-level program); on tracers (inside another jit, ``jax.vjp``)
+    the plain jitted ``fn``, which becomes part of the caller's program. The options are decided at the
+    first call: importing this module does not start JAX's backend."""
+    plain = jax.jit(fn, **jit_kwargs)
+    top = []
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        if any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+            return plain(*args, **kwargs)
+        if not top:
+            options = cpu_compile_options()
+            top.append(jax.jit(fn, compiler_options=options, **jit_kwargs) if options else plain)
+        return top[0](*args, **kwargs)
+
+    return call
