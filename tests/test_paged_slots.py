@@ -4,11 +4,9 @@ contract's decoding slots reach 32k-131k keys. Draws only: no candidate runs her
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading import slots
 from tpu_kernel_records_tools.grading.paged_problems import draw, layout
 from tpu_kernel_records_tools.grading.paged_slots import INDEX_LIMIT, draw_paged_slots
-from tests.grading_inprocess import InProcessRunner
 
 SEEDS = (0, 1, 2)
 EDGE_SLOTS = ("vllm16", "spec32", "tpu128", "odd")
@@ -87,11 +85,11 @@ def test_dense_decoding_slots_reach_32k_to_131k_keys(seed):
     """The dense contract's decode and speculative slots grow to serving contexts (issue 36): every length
     past 2^15, q_len <= 8, bfloat16."""
     s = slots.draw_shapes(seed, "full")
-    ctx = C.Context(InProcessRunner(None), seed)
     for name, q_lens in (("longdecode", {1}), ("longspec", set(range(2, 9)))):
         d = s[name]
         assert 32_768 < d.kv_len < 131_072 and d.q_len in q_lens and d.kv_len % 128
         assert slots.slot_flags(s, name)[:3] == ("bfloat16", True, True)
-        lengths = ctx.problem(np.random.default_rng(seed), name).lengths
+        # The lengths a check draws there (grading.checks.Context.problem: a batch of 2 with the slot's minimum).
+        lengths = slots.draw_lengths(np.random.default_rng(seed), d, None, slots.SLOT_MIN_LENGTH[name])
         assert lengths.min() > 32_768 and d.kv_len in lengths
     assert {"longdecode", "longspec"} <= set(slots.SERVING_SLOTS)

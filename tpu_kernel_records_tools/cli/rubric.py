@@ -26,12 +26,12 @@ from pathlib import Path
 from typing import Sequence
 
 from ..cli.exits import exit_with
-from ..grading.candidates import BUILTIN, CandidateSpecError, resolve
+from ..grading.candidates import BUILTIN, PAGED_BUILTIN, CandidateSpecError, is_builtin, resolve
 from ..grading import memcg
 from ..grading.isolation import CHOICES, IsolationUnavailable, choose
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
-from kernel_src.contract import canonical_features
+from kernel_src.contract import PAGED_FEATURES, canonical_features
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -44,6 +44,7 @@ def _parser() -> argparse.ArgumentParser:
                     "known-bad candidates.",
         epilog="Examples: tpu-kernel-rubric --candidate reference; tpu-kernel-rubric --candidate "
                "ignores-causal; tpu-kernel-rubric --candidate my_kernel.py:attention --json out.json; "
+               "tpu-kernel-rubric --paged --candidate my_paged.py:paged_attention; "
                "tpu-kernel-rubric --power --seeds 200 --markdown power.md")
     p.add_argument("--candidate", action="append", default=[], metavar="NAME_OR_PATH",
                    help="a built-in name (see --list), path/to/file.py:function or package.module:function; "
@@ -57,6 +58,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="grade at the quick level (small fixed shapes, for fast tests) instead of the full "
                         "problem distribution")
+    p.add_argument("--paged", action="store_true",
+                   help="grade against the paged contract (kernel_src.contract: paged_attention(q, k_pages, "
+                        "v_pages, *, kv_lengths, page_indices, ...)) with the paged checks instead of the dense "
+                        "one; the paged built-ins (paged-*) are always graded so")
     p.add_argument("--features", type=_features, metavar="LIST",
                    help="which of each candidate's declared features to grade on top of the base contract: a "
                         "comma-separated list of window, softcap, segments, sinks, or 'none' for the base "
@@ -169,8 +174,9 @@ def format_scorecard(card) -> str:
 
 
 def _list() -> int:
-    width = max(len(n) for n in BUILTIN)
-    for name, cand in BUILTIN.items():
+    everything = {**BUILTIN, **PAGED_BUILTIN}
+    width = max(len(n) for n in everything)
+    for name, cand in everything.items():
         print(f"{name:<{width}}  {cand.kind:<15}  {cand.summary}")
     return EXIT_OK
 
@@ -185,11 +191,11 @@ def isolation_allowed(isolation: str, cands, memory_limit_gb: float = DEFAULT_ME
         print(f"tpu-kernel-rubric: refusing to grade a file or module candidate outside the sandbox: {e}",
               file=sys.stderr)
         return False
-    strangers = [c.name for c in cands if where[c.name] == "process" and BUILTIN.get(c.name) is not c]
+    strangers = [c.name for c in cands if where[c.name] == "process" and not is_builtin(c)]
     if strangers:
         print(f"tpu-kernel-rubric: warning: grading {', '.join(strangers)} without bubblewrap (--isolation process): "
               f"its code runs as this user, with this user's files and network", file=sys.stderr)
-    if any(BUILTIN.get(c.name) is not c for c in cands) and memory_limit_gb > 0:
+    if any(not is_builtin(c) for c in cands) and memory_limit_gb > 0:
         warning = memcg.warning("tpu-kernel-rubric")
         if warning:
             print(warning, file=sys.stderr)
@@ -276,11 +282,17 @@ def _grade(args) -> int:
 
     from ..grading.rubric import grade_all
 
+    paged = getattr(args, "paged", False)
+    if (paged or any(c.contract == "paged" for c in cands)) and set(args.features or ()) - set(PAGED_FEATURES):
+        print(f"tpu-kernel-rubric: --features {','.join(args.features)}: paged_attention's features are "
+              f"{', '.join(PAGED_FEATURES)}", file=sys.stderr)
+        return EXIT_USAGE
     if not isolation_allowed(args.isolation, cands, args.memory_limit):
         return EXIT_USAGE
     level = "quick" if args.quick else "full"
     cards = grade_all(cands, seed=args.seed, level=level, progress=not args.quiet, time_limit_s=args.time_limit,
-                      memory_limit_gb=args.memory_limit, isolation=args.isolation, features=args.features)
+                      memory_limit_gb=args.memory_limit, isolation=args.isolation, features=args.features,
+                      paged=paged)
     for card in cards:
         print(format_scorecard(card))
         print()
@@ -292,8 +304,8 @@ def _grade(args) -> int:
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
     full = _parser()
-    grade_opts = {"--candidate", "--candidate-dir", "--seed", "--quick", "--features", "--timeout", "--memory-limit",
-                  "--isolation", "--json", "--list", "--quiet"}
+    grade_opts = {"--candidate", "--candidate-dir", "--seed", "--quick", "--paged", "--features", "--timeout",
+                  "--memory-limit", "--isolation", "--json", "--list", "--quiet"}
     power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
                   "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume", "--isolation"}
     for name, opts, func, help_text in (

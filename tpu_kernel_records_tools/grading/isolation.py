@@ -313,13 +313,13 @@ def choose(requested: str, candidate) -> str:
     """The isolation a candidate is graded under. ``"auto"``: bubblewrap for a stranger's code (a file,
     module or programmatic candidate), ``"process"`` for a built-in; ``"bubblewrap"``/``"process"``
     as asked. Raises :class:`IsolationUnavailable` when bubblewrap is needed and cannot run."""
-    from ..grading.candidates import BUILTIN
+    from ..grading.candidates import is_builtin
 
     if requested not in CHOICES:
         raise ValueError(f"isolation must be one of {CHOICES}, got {requested!r}")
     if requested == "process":
         return "process"
-    if requested == "auto" and BUILTIN.get(getattr(candidate, "name", None)) is candidate:
+    if requested == "auto" and is_builtin(candidate):
         return "process"
     reason = unavailable_reason()
     if reason is not None:

@@ -2,7 +2,9 @@
 
 ``grade("pallas")`` runs every check in ``grading.checks.CHECKS``, then the check of each feature the
 candidate declares (``grading.feature_checks``, ``kernel_src.contract.declared_features``), then
-``finite``, on fresh inputs drawn from ``seed`` and returns a :class:`Scorecard`. The candidate runs in its own worker process
+``finite``; ``grade("paged-reference")`` (or any candidate with ``paged=True``) runs the paged checks
+(``grading.paged_checks.PAGED_CHECKS``, then its declared paged features', then ``finite``), on fresh
+inputs drawn from ``seed`` and returns a :class:`Scorecard`. The candidate runs in its own worker process
 (``grading.runner``, ``grading.sandbox``): it sees only the problem inputs, never the truth, the
 reference's baseline or the grader's state, and every process it starts is killed before the next
 candidate is graded. Nothing a candidate does escapes as a traceback or changes another candidate's
@@ -22,12 +24,13 @@ from tqdm.auto import tqdm
 
 from ..grading import checks as C
 from ..grading.feature_checks import FEATURE_CHECKS
+from ..grading.paged_checks import PAGED_CHECKS, paged_checks_for
 from ..grading import isolation as isolations
 from ..grading import tripwire
 from ..grading.candidates import Candidate, resolve
 from ..grading.runner import DEFAULT_TIME_LIMIT_S, Runner
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
-from kernel_src.contract import canonical_features
+from kernel_src.contract import PAGED_FEATURES, canonical_features
 
 
 @dataclass
@@ -75,6 +78,7 @@ class Scorecard:
     isolation: str = "process"  # where its worker ran: "bubblewrap" or "process" (grading.isolation)
     memory_limit: str | None = None  # what bounded its worker's memory: grading.memcg.KINDS; None: no worker ran
     features: tuple[str, ...] = ()  # the declared features graded on top of the base contract (contract.FEATURES)
+    contract: str = "attention"  # the contract graded: "attention" or "paged" (grading.paged_checks)
 
     @property
     def passed(self) -> bool:
@@ -97,16 +101,19 @@ class Scorecard:
         return {"candidate": self.candidate, "kind": self.kind, "passed": self.passed, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "level": self.level,
                 "isolation": self.isolation, **({"memory_limit": self.memory_limit} if self.memory_limit else {}),
-                "features": list(self.features), "checks": [c.to_dict() for c in self.checks]}
+                "features": list(self.features),
+                **({"contract": self.contract} if self.contract != "attention" else {}),
+                "checks": [c.to_dict() for c in self.checks]}
 
 
-def _all_failed(reason: str) -> list[CheckResult]:
-    return [CheckResult(spec.name, False, 0.0, float(spec.points), reason) for spec in (*C.CHECKS, C.FINITE)]
+def _all_failed(reason: str, paged: bool = False) -> list[CheckResult]:
+    return [CheckResult(spec.name, False, 0.0, float(spec.points), reason)
+            for spec in (*(PAGED_CHECKS if paged else C.CHECKS), C.FINITE)]
 
 
 def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
           time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB,
-          isolation: str = "auto", features: Sequence[str] | None = None) -> Scorecard:
+          isolation: str = "auto", features: Sequence[str] | None = None, paged: bool = False) -> Scorecard:
     """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate)
     in a worker process of its own, killed (with everything it started) before this returns.
 
@@ -117,17 +124,18 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     memory cgroup's, else its address space's: ``grading.memcg``; 0: none). ``isolation``: "auto"
     (bubblewrap for anything but a built-in), "bubblewrap" or "process" (``grading.isolation``). ``features``:
     which of the candidate's declared features to grade (None: all it declares; ``()``: the base contract
-    only; naming one it does not declare makes the scorecard's error). Raises ``CandidateSpecError`` for a
+    only; naming one it does not declare makes the scorecard's error). ``paged``: grade it against the paged
+    contract (``grading.paged_checks``; a paged built-in always is). Raises ``CandidateSpecError`` for a
     malformed spec and ``IsolationUnavailable`` when bubblewrap is needed and cannot run here.
     """
     return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s,
-                       memory_limit_gb=memory_limit_gb, isolation=isolation, features=features)[0]
+                       memory_limit_gb=memory_limit_gb, isolation=isolation, features=features, paged=paged)[0]
 
 
 def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str = "full",
                 time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                 memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "auto",
-                features: Sequence[str] | None = None) -> list[Scorecard]:
+                features: Sequence[str] | None = None, paged: bool = False) -> list[Scorecard]:
     """``grade`` on each of ``seeds`` with one worker (JAX starts, and compiles, once for them all).
 
     A worker that died or ran out of time is replaced by a fresh one for the next seed, so each
@@ -135,7 +143,11 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     this returns.
     """
     cand = resolve(candidate)
+    paged = paged or cand.contract == "paged"
     features = None if features is None else canonical_features(features)  # ValueError: not a feature
+    if paged and features is not None and set(features) - set(PAGED_FEATURES):
+        raise ValueError(f"feature(s) {', '.join(sorted(set(features) - set(PAGED_FEATURES)))} do not apply to "
+                         f"paged_attention (its features: {', '.join(PAGED_FEATURES)})")
     where = isolations.choose(isolation, cand)
     before = tripwire.snapshot()
     runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb, isolation=where)
@@ -143,15 +155,18 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     try:
         for seed in seeds:
             runner.new_scorecard()
-            C.plan_ahead(seed, level)  # the seed's problems are built while the worker starts and the checks run
+            if not paged:  # the seed's problems are built while the worker starts and the checks run
+                C.plan_ahead(seed, level)
             error = None if runner.alive else runner.start()
             if error is None:
-                graded, error = _graded_features(runner.features, features)
+                declared = [f for f in runner.features if f in PAGED_FEATURES] if paged else runner.features
+                graded, error = _graded_features(declared, features)
             if error is not None:
-                cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}"), error=error, seed=seed,
-                                       level=level, isolation=where))
+                cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}", paged), error=error,
+                                       seed=seed, level=level, isolation=where,
+                                       contract="paged" if paged else "attention"))
             else:
-                cards.append(_run_checks(runner, cand, seed, level, graded))
+                cards.append(_run_checks(runner, cand, seed, level, graded, paged))
                 cards[-1].isolation = where
             cards[-1].memory_limit = runner.memory_limit
     finally:
@@ -165,9 +180,11 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     return cards
 
 
-def _not_graded(candidate: str | Candidate, why: str, seed: int, level: str) -> Scorecard:
+def _not_graded(candidate: str | Candidate, why: str, seed: int, level: str, paged: bool = False) -> Scorecard:
     cand = resolve(candidate)
-    return Scorecard(cand.name, cand.kind, _all_failed(f"not run: {why}"), error=why, seed=seed, level=level)
+    paged = paged or cand.contract == "paged"
+    return Scorecard(cand.name, cand.kind, _all_failed(f"not run: {why}", paged), error=why, seed=seed, level=level,
+                     contract="paged" if paged else "attention")
 
 
 def checks_for(features: Sequence[str] = ()) -> tuple[C.CheckSpec, ...]:
@@ -188,12 +205,13 @@ def _graded_features(declared: Sequence[str], asked: Sequence[str] | None) -> tu
     return asked, None
 
 
-def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str, features: tuple[str, ...]) -> Scorecard:
+def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str, features: tuple[str, ...],
+                paged: bool = False) -> Scorecard:
     ctx = C.Context(runner, seed, level=level)
     results, verdicts = [], {}
-    if features:  # their problems are built while the base checks run
+    if features and not paged:  # their problems are built while the base checks run
         C.plan_ahead(seed, level, [FEATURE_CHECKS[f] for f in features])
-    for spec in checks_for(features):
+    for spec in paged_checks_for(features) if paged else checks_for(features):
         runner.check = spec.name
         try:
             outcome = spec.run(ctx)
@@ -206,7 +224,8 @@ def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str, features
                                    float(spec.points), outcome.detail, outcome.error, outcome.tolerance,
                                    outcome.baseline_error))
     results.append(_finite(runner))
-    return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts, features=features)
+    return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts, features=features,
+                     contract="paged" if paged else "attention")
 
 
 def _finite(runner: C.Runner) -> CheckResult:
@@ -223,9 +242,10 @@ def _finite(runner: C.Runner) -> CheckResult:
 
 def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: str = "full", progress: bool = True,
               time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB,
-              isolation: str = "auto", features: Sequence[str] | None = None) -> list[Scorecard]:
+              isolation: str = "auto", features: Sequence[str] | None = None,
+              paged: bool = False) -> list[Scorecard]:
     """``grade`` each candidate in turn, each in its own worker (tqdm progress bar when ``progress``);
-    ``features`` as in ``grade``.
+    ``features`` and ``paged`` as in ``grade``.
 
     When this returns, no process any candidate started is alive. A candidate that changed files the
     grader runs (``grading.tripwire``) fails, and every candidate after it gets a "not graded" scorecard."""
@@ -235,10 +255,10 @@ def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: st
         name = cand.name if isinstance(cand, Candidate) else str(cand)
         bar.set_postfix_str(name)
         if tampered_by is not None:
-            cards.append(_not_graded(cand, f"not graded: {tampered_by}", seed, level))
+            cards.append(_not_graded(cand, f"not graded: {tampered_by}", seed, level, paged))
             continue
         cards.append(grade(cand, seed=seed, level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb,
-                           isolation=isolation, features=features))
+                           isolation=isolation, features=features, paged=paged))
         if cards[-1].tampered:
             tampered_by = f"an earlier candidate ({cards[-1].candidate}) changed files the grader runs"
     return cards

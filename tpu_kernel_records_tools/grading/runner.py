@@ -1,6 +1,7 @@
 """Calling a candidate: in its own worker process, each call bounded, its output validated.
 
-``Runner.forward(problem)`` and ``Runner.vjp(problem)`` are all the checks know of a candidate. The
+``Runner.forward(problem)`` and ``Runner.vjp(problem)`` (``Runner.paged_forward(problem)`` for a paged
+candidate) are all the checks know of a candidate. The
 candidate runs in a ``grading.sandbox.Sandbox`` (one worker process per candidate, started once and
 reused across its calls): the runner sends copies of the problem's inputs (q, k, v [batch, len, heads,
 head_dim], the cotangent, causal, kv_lengths [batch], scale) and gets arrays back. The grader keeps
@@ -21,6 +22,7 @@ import numpy as np
 
 from ..grading.candidates import Candidate, CandidateLoadError, cpu_compile_options, names_a_file, resolve
 from ..grading.isolation import inside_path
+from ..grading.paged_problems import PagedProblem
 from ..grading.problems import Problem
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB, STARTUP_LIMIT_S, Expired, Sandbox, WorkerGone, load_request
 from ..grading.worker import ProtocolError
@@ -175,6 +177,11 @@ class Runner:
                   "scale": None if p.scale is None else float(p.scale), "has_lengths": p.kv_lengths is not None,
                   "has_segments": p.q_segments is not None, "has_sinks": p.sinks is not None,
                   "window": None if p.window is None else list(p.window), "softcap": p.softcap}
+        return self._exchange(what, p, header, arrays, (5 if p.sinks is not None else 4) if grad else 1)
+
+    def _exchange(self, what: str, p, header: dict, arrays: list, count: int) -> list[np.ndarray]:
+        """Send one call of problem ``p``, wait for its ``count`` result arrays (computing ``p``'s truth and
+        baselines meanwhile unless it is derived from another problem); a failure is ``CandidateFailure``."""
         limit = 8 * sum(a.nbytes for a in arrays) + (1 << 20)
         # The truth and baselines a fresh problem is judged by are computed while the candidate computes.
         prepare = None if p.derived else p.prepare
@@ -187,7 +194,7 @@ class Runner:
             names = ", ".join(_clean(n, 20) for n in modified[:5])
             raise CandidateFailure(f"{what}: inputs modified: the candidate wrote into {names} during the call "
                                    f"(the grader judges against its own copies)")
-        if len(results) != ((5 if p.sinks is not None else 4) if grad else 1):
+        if len(results) != count:
             raise CandidateFailure(f"{what}: the worker returned {len(results)} arrays")
         return results
 
@@ -207,6 +214,19 @@ class Runner:
             raise CandidateFailure(f"{p.label}: output shape {out.shape}, expected {tuple(p.q.shape)}")
         if out.shape == tuple(p.q.shape):
             self._observe(p.label, "out", out)
+        return out
+
+    def paged_forward(self, p: PagedProblem) -> np.ndarray:
+        """The paged candidate's output on ``p`` (``grading.paged_problems``) as a NumPy array; the shape is
+        checked, the dtype left to the checks."""
+        arrays = [p.q, p.k_pages, p.v_pages, p.lengths, p.table] + ([p.sinks] if p.sinks is not None else [])
+        header = {"op": "paged", "causal": bool(p.causal), "scale": None if p.scale is None else float(p.scale),
+                  "has_sinks": p.sinks is not None, "window": None if p.window is None else list(p.window),
+                  "softcap": p.softcap}
+        (out,) = self._exchange(f"{p.label} forward", p, header, arrays, 1)
+        if out.shape != p.out_shape:
+            raise CandidateFailure(f"{p.label}: output shape {out.shape}, expected {p.out_shape}")
+        self._observe(p.label, "out", out)
         return out
 
     def vjp(self, p: Problem) -> tuple[np.ndarray, ...]:

@@ -342,12 +342,12 @@ def load_request(candidate) -> dict:
     """The worker's ``load`` header for a candidate: its spec when it has one (built-in name,
     ``/abs/file.py:function``, ``module:function``), else its function pickled by reference (a
     programmatic ``Candidate``; its loader runs here, in the caller's process, which trusts it)."""
-    from ..grading.candidates import BUILTIN, Candidate, CandidateSpecError, names_a_file, resolve
+    from ..grading.candidates import Candidate, CandidateSpecError, is_builtin, names_a_file, resolve
 
     if isinstance(candidate, str):
         candidate = resolve(candidate)
     assert isinstance(candidate, Candidate)
-    if BUILTIN.get(candidate.name) is candidate:
+    if is_builtin(candidate):
         return {"op": "load", "spec": candidate.name}
     if candidate.kind == "external":
         try:

@@ -11,7 +11,8 @@ descriptors. The worker then
    ``/abs/path.py:function`` or ``module:function``; or a function pickled by reference), after
    adding ``grading.candidates.CPU_COMPILE_OPTIONS`` to ``XLA_FLAGS`` when the grader computes on a CPU
    (the same results, compiled faster),
-4. serves ``forward`` (``out``) and ``vjp`` (``out, dq, dk, dv`` through ``jax.vjp``) requests, and
+4. serves ``forward`` (``out``) and ``vjp`` (``out, dq, dk, dv`` through ``jax.vjp``) requests, ``paged``
+   (``out`` of a paged candidate: q, k_pages, v_pages, kv_lengths, page_indices; ``kernel_src.contract``), and
    ``export`` (the candidate's programs per call signature, ``grading.export``: shapes only, no values).
 
 Only problem inputs reach this process: q, k, v [batch, len, heads, head_dim], the cotangent, the flags
@@ -232,6 +233,31 @@ class _Server:
             results = [out, *pull(named["cotangent"].astype(out.dtype))]
         else:
             results = [self.fn(q, k, v, **kwargs, **({} if sinks is None else {"sinks": sinks}))]
+        return self._reply(names, before, given, results)
+
+    def call_paged(self, header: dict, arrays: list) -> tuple[dict, list]:
+        """``paged``: arrays q, k_pages, v_pages, kv_lengths, page_indices[, sinks] -> out, through
+        ``paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, causal, scale, ...)``; the
+        features reach the candidate only when the request sets them."""
+        names = ["q", "k_pages", "v_pages", "kv_lengths", "page_indices"]
+        names += ["sinks"] if header.get("has_sinks") else []
+        if len(arrays) != len(names):
+            return {"ok": False, "error": f"expected {len(names)} arrays, got {len(arrays)}"}, []
+        before = self._digest(arrays)
+        given = [self.jnp.asarray(a) for a in arrays]
+        named = dict(zip(names, given))
+        kwargs = {"kv_lengths": named["kv_lengths"], "page_indices": named["page_indices"],
+                  "causal": bool(header["causal"]), "scale": header.get("scale")}
+        if header.get("window") is not None:
+            kwargs["window_size"] = tuple(header["window"])
+        if header.get("softcap") is not None:
+            kwargs["softcap"] = float(header["softcap"])
+        if "sinks" in named:
+            kwargs["sinks"] = named["sinks"]
+        return self._reply(names, before, given, [self.fn(*given[:3], **kwargs)])
+
+    def _reply(self, names: list, before: list, given: list, results: list) -> tuple[dict, list]:
+        """The results as host arrays, and which inputs the call wrote into (their hashes against ``before``)."""
         host = []
         for name, x in zip(("output", "dq", "dk", "dv", "dsinks"), results):
             if not (hasattr(x, "shape") and hasattr(x, "dtype")):
@@ -267,6 +293,8 @@ def main(argv: list[str] | None = None) -> None:
                 reply, out = export_programs(server.fn, header["signatures"], header["platform"])
             elif header.get("op") in ("forward", "vjp") and server.fn is not None:
                 reply, out = server.call(header, arrays)
+            elif header.get("op") == "paged" and server.fn is not None:
+                reply, out = server.call_paged(header, arrays)
             else:
                 reply, out = {"ok": False, "error": f"unexpected request {header.get('op')!r}"}, []
         except BaseException as e:  # the candidate's exception is reported, never fatal to the worker
