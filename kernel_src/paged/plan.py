@@ -39,22 +39,25 @@ class PagedBlockSizes:
 
     Attributes:
       pages_per_step: Mosaic: pages DMA'd into VMEM per grid step (each K and V page one
-        async copy, double-buffered). ``None``: ``max(1, keys_per_step // page_size)``, fewer
-        where the sequence has fewer pages or VMEM is short.
+        async copy, double-buffered). ``None``: ``keys_per_step // page_size`` (at least 1, at
+        most ``max_pages_per_step``); compiled, fewer where VMEM is short. Never more than a
+        sequence's table holds.
       keys_per_step: Mosaic: the keys a step aims at when ``pages_per_step`` is ``None``.
+      max_pages_per_step: Mosaic: a cap on the aimed-at pages (None: none).
       block_k: Triton: keys gathered through the page table per loop iteration, a power of
         two >= 16.
     """
 
     pages_per_step: int | None = None
     keys_per_step: int = 512
+    max_pages_per_step: int | None = None
     block_k: int = 64
 
     def __post_init__(self):
-        if self.pages_per_step is not None and (not isinstance(self.pages_per_step, int)
-                                                or self.pages_per_step <= 0):
-            raise ValueError(f"pages_per_step must be a positive int or None, got "
-                             f"{self.pages_per_step!r}")
+        for name in ("pages_per_step", "max_pages_per_step"):
+            value = getattr(self, name)
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive int or None, got {value!r}")
         if not isinstance(self.keys_per_step, int) or self.keys_per_step <= 0:
             raise ValueError(f"keys_per_step must be a positive int, got {self.keys_per_step!r}")
         block_k = self.block_k
@@ -66,21 +69,28 @@ class PagedBlockSizes:
         """Defaults for ``"tpu"``, ``"gpu"`` or ``"cpu"`` (the default backend's when ``None``).
 
         TPU: 512 keys per step (32 pages of 16, 4 of 128), untuned. GPU: 64 keys per
-        iteration. CPU (interpret mode): 1,024 keys per Mosaic step, whose interpreted DMAs cost
-        about pages x buffer size each step (a 32k-key bf16 decode, 32/8 heads, pages of 16:
-        about 1.5 s at 1,024 keys, 4 s at 4,096, 29 s at 16,384, on a busy 2-core machine), and
-        4,096 keys per Triton iteration (its gathers cost no more per key as blocks grow).
+        iteration. CPU (interpret mode): up to 4,096 keys and 64 pages per Mosaic step. There
+        each grid step costs about a copy of the pool, and each interpreted DMA a copy of the
+        VMEM buffer (``pages x buffer`` per step), so the best step sits between: a bf16 decode,
+        32/8 heads, head_dim 128, one sequence, on a busy 2-core machine: 32k keys in pages of
+        16 about 1.5 s a call at 64 pages (1,024 keys) a step, 4 s at 4,096 keys, 29 s at
+        16,384; 131k keys in pages of 128 about 4 s at 4,096 keys, 17 s at 1,024, 10 s at
+        16,384. Triton: 4,096 keys per iteration (its gathers cost no more per key as blocks
+        grow).
         """
         platform = platform or backend.platform()
         if platform == "tpu":
             return cls(keys_per_step=512, block_k=64)
         if platform == "gpu":
             return cls(keys_per_step=512, block_k=64)
-        return cls(keys_per_step=1024, block_k=4096)
+        return cls(keys_per_step=4096, max_pages_per_step=64, block_k=4096)
 
     def pages(self, page_size: int, pages_per_sequence: int) -> int:
         """Pages per Mosaic step: the given or aimed-at count, at most the sequence's pages."""
-        pages = self.pages_per_step or max(1, self.keys_per_step // page_size)
+        pages = self.pages_per_step
+        if pages is None:
+            pages = min(max(1, self.keys_per_step // page_size),
+                        self.max_pages_per_step or pages_per_sequence)
         return max(1, min(pages, pages_per_sequence))
 
 
