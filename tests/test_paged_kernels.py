@@ -25,6 +25,7 @@ import numpy as np
 import pytest
 
 from kernel_src import backend
+from kernel_src.contract import PAGED_FEATURES
 from kernel_src.paged import PagedBlockSizes, paged_attention_tpu, paged_attention_triton
 
 KERNELS = {"tpu": paged_attention_tpu, "triton": paged_attention_triton}
@@ -178,7 +179,7 @@ def test_lengths_pool_and_table_garbage(family):
 
 def test_features_are_declared():
     for fn in KERNELS.values():
-        assert fn.features == ("window", "softcap", "sinks")
+        assert fn.features == PAGED_FEATURES == ("window", "softcap", "sinks")
 
 
 def test_bad_arguments_are_refused():

@@ -1,6 +1,6 @@
 """``paged_attention_tpu`` and ``paged_attention_triton``: the public entries, one per family.
 
-Both take the paged contract's arguments (``kernel_src.paged``'s docstring), check them, lay the
+Both take the paged contract's arguments (``kernel_src.contract``), check them there, lay the
 query heads out as ``plan.to_rows`` tiles, run the family's kernel (interpret mode on CPU, the
 compiled kernel on its own platform, refused on the other) and lay the rows back out.
 """
@@ -14,49 +14,12 @@ import jax
 import jax.numpy as jnp
 
 from kernel_src import backend
-from kernel_src.contract import SUPPORTED_DTYPES, Dims, Window, check_features, default_scale, supports
+from kernel_src.contract import (PAGED_FEATURES, Window, check_paged_features, check_paged_inputs,
+                                 default_scale, supports)
 from kernel_src.flash.plan import next_power_of_two, vmem_limits
 from kernel_src.paged import gpu, tpu
 from kernel_src.paged.plan import (PagedBlockSizes, PagedPlan, clip_lengths, from_rows,
                                    tile_rows, to_rows)
-
-FEATURES = ("window", "softcap", "sinks")  # what both families implement (no segment ids)
-
-
-def check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices) -> Dims:
-    """Validate the paged contract's arrays; ``Dims`` with ``kv_len`` the most keys a sequence's
-    table holds (``pages_per_sequence * page_size``). Raises ``ValueError`` (``TypeError`` for
-    dtypes) naming the offending argument."""
-    for name, x in (("q", q), ("k_pages", k_pages), ("v_pages", v_pages)):
-        if x.ndim != 4:
-            raise ValueError(f"{name} must be 4-D, got shape {tuple(x.shape)}")
-        if jnp.dtype(x.dtype) not in SUPPORTED_DTYPES:
-            raise TypeError(f"{name} must be bfloat16 or float32, got {x.dtype}")
-    if not q.dtype == k_pages.dtype == v_pages.dtype:
-        raise TypeError(f"q, k_pages, v_pages must share a dtype, got {q.dtype}, "
-                        f"{k_pages.dtype}, {v_pages.dtype}")
-    if k_pages.shape != v_pages.shape:
-        raise ValueError(f"k_pages {tuple(k_pages.shape)} and v_pages {tuple(v_pages.shape)} "
-                         "must have the same shape")
-    batch, q_len, hq, d = q.shape
-    num_pages, page_size, hk, kd = k_pages.shape
-    if kd != d:
-        raise ValueError(f"q's head_dim {d} and the pages' {kd} differ")
-    if q_len < 1 or num_pages < 1 or page_size < 1:
-        raise ValueError(f"q_len ({q_len}), num_pages ({num_pages}) and page_size "
-                         f"({page_size}) must be >= 1")
-    if hk == 0 or hq % hk:
-        raise ValueError(f"num_q_heads ({hq}) must be a multiple of num_kv_heads ({hk})")
-    if page_indices.ndim != 2 or page_indices.shape[0] != batch or page_indices.shape[1] < 1:
-        raise ValueError(f"page_indices must have shape [batch={batch}, pages_per_sequence >= 1], "
-                         f"got {tuple(page_indices.shape)}")
-    if tuple(kv_lengths.shape) != (batch,):
-        raise ValueError(f"kv_lengths must have shape [batch]=({batch},), got "
-                         f"{tuple(kv_lengths.shape)}")
-    for name, x in (("page_indices", page_indices), ("kv_lengths", kv_lengths)):
-        if not jnp.issubdtype(x.dtype, jnp.integer):
-            raise TypeError(f"{name} must be an integer array, got {x.dtype}")
-    return Dims(batch, q_len, page_indices.shape[1] * page_size, hq, hk, d)
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "family", "block_sizes", "vmem_limit"))
@@ -82,7 +45,7 @@ def _paged(q, k_pages, v_pages, kv_lengths, page_indices, sinks, *, plan: PagedP
 def _paged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices, scale, causal,
                      window_size, softcap, sinks, block_sizes, interpret):
     dims = check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices)
-    window = check_features(dims, window_size=window_size, softcap=softcap, sinks=sinks)
+    window = check_paged_features(dims, window_size=window_size, softcap=softcap, sinks=sinks)
     window = None if window == (None, None) else window
     softcap = None if softcap is None else float(softcap)
     home = {"mosaic": "tpu", "triton": "gpu"}[family]
@@ -92,11 +55,10 @@ def _paged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices,
         if compiled and target != home:
             raise backend.Unsupported(f"the {family} paged kernel has no {target} lowering")
         plan = PagedPlan(dims.q_len, dims.num_q_heads, dims.num_kv_heads, dims.head_dim,
-                         k_pages.shape[1], page_indices.shape[1], k_pages.shape[0],
-                         bool(causal), default_scale(dims.head_dim, scale), interpret,
-                         window=window, softcap=softcap, sinks=sinks is not None,
-                         rows_pad=tile_rows(dims.num_q_heads // dims.num_kv_heads * dims.q_len,
-                                            family))
+                         dims.page_size, dims.pages_per_sequence, dims.num_pages, bool(causal),
+                         default_scale(dims.head_dim, scale), interpret, window=window,
+                         softcap=softcap, sinks=sinks is not None,
+                         rows_pad=tile_rows(dims.group * dims.q_len, family))
         blocks = block_sizes or PagedBlockSizes.for_platform(target)
         return functools.partial(_paged, plan=plan, family=family, block_sizes=blocks,
                                  vmem_limit=vmem_limits()[0])
@@ -105,7 +67,7 @@ def _paged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices,
                                 q, k_pages, v_pages, kv_lengths, page_indices, sinks)
 
 
-@supports(*FEATURES)
+@supports(*PAGED_FEATURES)
 def paged_attention_tpu(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
                         kv_lengths: jax.Array, page_indices: jax.Array,
                         scale: float | None = None, causal: bool = True,
@@ -150,7 +112,7 @@ def paged_attention_tpu(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
                             causal, window_size, softcap, sinks, block_sizes, interpret)
 
 
-@supports(*FEATURES)
+@supports(*PAGED_FEATURES)
 def paged_attention_triton(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
                            kv_lengths: jax.Array, page_indices: jax.Array,
                            scale: float | None = None, causal: bool = True,
