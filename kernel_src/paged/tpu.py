@@ -28,7 +28,13 @@ Tiles. All kv heads of a page arrive together; a step walks them in a static loo
 whole group of query heads and new rows as one ``[rows_pad, head_dim]`` tile (``plan.to_rows``):
 ``q_ref [kv heads, rows_pad, d]``, logits ``[rows_pad, keys_per_step]``. Running max and sum
 are fp32 lane-replicated ``[kv heads, rows_pad, 128]``, the accumulator fp32 ``[kv heads,
-rows_pad, d]``; the output block is written once, after the last step.
+rows_pad, d]``; the output block is written once, after the last step. A head is read out of
+the buffer as ``buf[slot, :, j, :]``, which the Mosaic of jax 0.10 compiles (v5e, deviceless);
+the Mosaic of jax < 0.7 cannot take one head out of such a block (``kernel_src.flash.heads``)
+and has not been tried.
+
+Traffic: each page a sequence reaches is copied once per sequence, whole (the last page's slots
+past the length too), so K and V are read once, plus at most one page per sequence.
 """
 
 from __future__ import annotations
