@@ -9,7 +9,7 @@ size, 2**31 - 1). Outputs must match the truth, carry no NaN, be exact zeros on 
 visible key, and not change a bit when the pool is permuted with the table permuted alike.
 
 Both families run in interpret mode (the Mosaic kernel's DMAs included). The default run keeps
-one small call per family (about 10 s on a 2-core machine); the sweeps over page sizes, dtypes,
+one small call per family (about 5 s on a busy 2-core machine; the slow ones about 100 s); the sweeps over page sizes, dtypes,
 groups, features, long tables and 131k keys, the strict TPU interpreter (races, NaN-filled
 VMEM), the Triton lowering and the v5e compile are slow.
 """
@@ -17,7 +17,6 @@ VMEM), the Triton lowering and the v5e compile are slow.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp

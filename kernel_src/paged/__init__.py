@@ -17,8 +17,11 @@ Both declare the features ``window``, ``softcap`` and ``sinks`` (``features``); 
 not part of the paged contract.
 
 What has been exercised: both run in interpret mode on CPU against a float64 gather-then-attend
-reference (``tests/test_paged_kernels.py``), the Mosaic kernel compiles for a TPU v5e on a machine
-without one (slow tests there), and the Triton kernel lowers to Triton IR via ``jax.export``.
+reference (``tests/test_paged_kernels.py``; the Mosaic kernel also under the strict TPU
+interpreter: races, NaN-filled VMEM, out-of-bounds reads) and pass the paged rubric's full level
+on seeds 0-2 (``tpu-kernel-rubric --paged``, built-ins ``paged-pallas`` and ``paged-triton``), the
+Mosaic kernel compiles for a TPU v5e on a machine without one (slow tests there), and the Triton
+kernel lowers to Triton IR via ``jax.export``.
 What has not: running either compiled on a TPU or GPU from this repository's tests.
 """
 
