@@ -40,7 +40,6 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, block_k: int):
     """One (sequence, kv head) program. lengths_ref int32 ``[batch_pad]``; table_ref int32
     ``[batch_pad, table_pad]``; with sinks, sinks_ref fp32 ``[hq_pad]``; q_ref, o_ref
     ``[rows_pad, d_pad]``; k_ref, v_ref the pools ``[num_pages * page_size, hk * d]``."""
-    from jax.experimental.pallas import triton as pltriton
 
     sinks_ref = refs[0] if plan.sinks else None
     q_ref, k_ref, v_ref, o_ref = refs[int(plan.sinks):]
@@ -58,12 +57,12 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, block_k: int):
         keys = block * block_k + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
         real = (keys >= start) & (keys < length)  # keys whose page and slot may be read
         entry = jnp.where(real, lax.div(keys, page_size), 0)
-        page = pltriton.load(table_ref.at[b, entry], mask=real, other=0)
+        page = _masked_load(table_ref, (b, entry), real)
         row = jnp.where(real, page * page_size + lax.rem(keys, page_size), 0)[:, None]
         where = (row, columns)
         load_mask = real[:, None] & column_real
-        k = pltriton.load(k_ref.at[where], mask=load_mask, other=0)
-        v = pltriton.load(v_ref.at[where], mask=load_mask, other=0)
+        k = _masked_load(k_ref, where, load_mask)
+        v = _masked_load(v_ref, where, load_mask)
         s = scores(q, k, visible(rows, keys[None, :], length, plan), plan)
         return online_softmax_step(s, v, *carry, _columns)
 
@@ -77,6 +76,16 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, block_k: int):
     carry = lax.fori_loop(lo, jnp.maximum(hi, lo), body, (m, l, jnp.zeros((rows_pad, d_pad), F32)))
     out, _ = finish(*carry, _columns)
     o_ref[...] = out.astype(o_ref.dtype)
+
+
+def _masked_load(ref, index, mask):
+    """``ref[index]`` where ``mask``, else 0, nothing read where masked: ``triton.load`` of a view since
+    jax 0.7, ``pl.load(ref, index)`` before (jax 0.6.2, the Kaggle image's, has no ``triton.load``)."""
+    from jax.experimental.pallas import triton as pltriton
+
+    if hasattr(pltriton, "load"):
+        return pltriton.load(ref.at[index], mask=mask, other=0)
+    return pl.load(ref, index, mask=mask, other=0)
 
 
 def _whole(x):
