@@ -12,12 +12,17 @@ implements itself, and passes them to the kernel's own arguments: ``xla_dot_prod
 (``local_window_size``); ``pallas_tpu_splash`` the window (``LocalMask``), soft-cap
 (``attn_logits_soft_cap``), segment ids (``SegmentIds``) and, where the installed splash takes them, sinks.
 
+Paged KV (``kernel_src.contract.paged_attention``, the last section): JAX's ``paged_attention`` and ragged
+paged attention, and JAX's reference of the ragged one, under the same rules (layout only), graded by
+``tpu-kernel-rubric --paged`` (``tests/test_paged_field_kernels.py``).
+
 The rubric loads these by path (``tests/field_adapters.py:xla_dot_product_attention``), so they also
 run in its worker process.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 
@@ -25,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from tpu_kernel_records_tools.grading.candidates import jit_contract
-from kernel_src.contract import check_window, supports, visibility_mask
+from kernel_src.contract import check_paged_inputs, check_window, default_scale, supports, visibility_mask
 from kernel_src.reference import reference_attention
 from kernel_src.sharded import attention_mesh, sharded_attention
 
@@ -399,3 +404,214 @@ def _splash_rows(q, k, v, q_seg, kv_seg, sinks, causal: bool, window, offset: in
         return jax.vmap(lambda q, k, v, qs, ks: kernel(q, k, v, sk.SegmentIds(q=qs, kv=ks)))(q, k, v, q_seg, kv_seg)
     return jax.vmap(lambda q, k, v, qs, ks, s: kernel(q, k, v, sk.SegmentIds(q=qs, kv=ks), sinks=s))(
         q, k, v, q_seg, kv_seg, sinks)
+
+
+# --------------------------------------------------------------------------------------------------
+# Paged KV (kernel_src.contract.paged_attention): JAX's own paged kernels of jax.experimental.pallas.ops.tpu,
+# in TPU interpret mode on the CPU, for the paged rubric (tpu-kernel-rubric --paged). Layout only: the pool
+# transposed or interleaved into the kernel's layout, query rows folded into the kernel's batch or token
+# axis, the lengths and table repeated to match; the logits, masking and softmax are the kernels' own.
+# Rows that see no key get the contract's exact zeros (as the dense adapters do, ``_zero_empty_rows``).
+
+PAGED_BLOCK = 8  # pages per compute block (the table padded to a multiple with page 0: trailing entries)
+RAGGED_QUERIES = 32  # query tokens per block of ragged_paged_attention (the token axis padded to a multiple)
+
+
+@contextlib.contextmanager
+def _tpu_interpret_scope():
+    """TPU interpret mode (``pltpu.InterpretParams()``) for every pallas_call traced inside, and only those.
+
+    jax >= 0.7: ``pltpu.force_tpu_interpret_mode``. jax 0.6.2 has no such switch and JAX's paged kernels take
+    no ``interpret=``: there ``jax.experimental.pallas.pallas_call`` (which they call as ``pl.pallas_call``)
+    is wrapped for the duration to pass ``interpret=pltpu.InterpretParams()``. Entered around every call, so
+    each jitted kernel is traced (and cached) under it."""
+    import jax.experimental.pallas as pl
+    import jax.experimental.pallas.tpu as pltpu
+
+    if hasattr(pltpu, "force_tpu_interpret_mode"):
+        with pltpu.force_tpu_interpret_mode(pltpu.InterpretParams()):
+            yield
+        return
+    original = pl.pallas_call
+    pl.pallas_call = functools.partial(original, interpret=pltpu.InterpretParams())
+    try:
+        yield
+    finally:
+        pl.pallas_call = original
+
+
+def _paged_visible(kv_lengths, q_len: int, causal: bool, window) -> jax.Array:
+    """Bool ``[batch, q_len]``: whether query row ``i`` of sequence ``b`` sees any key (the contract's
+    positions ``kv_lengths[b] - q_len + i``)."""
+    lengths = jnp.asarray(kv_lengths, jnp.int32)[:, None]
+    pos = lengths - q_len + jnp.arange(q_len, dtype=jnp.int32)[None, :]
+    first = jnp.zeros_like(pos) if window is None or window[0] is None else pos - window[0]
+    last = lengths - 1
+    if causal:
+        last = jnp.minimum(last, pos)
+    if window is not None and window[1] is not None:
+        last = jnp.minimum(last, pos + window[1])
+    return jnp.maximum(first, 0) <= last
+
+
+def _zero_unseen(out: jax.Array, seen: jax.Array) -> jax.Array:
+    return jnp.where(seen[:, :, None, None], out, jnp.zeros_like(out))
+
+
+@functools.partial(jax.jit, static_argnames=("causal", "block"))
+def _paged_layout(q, k_pages, v_pages, kv_lengths, page_indices, scale, *, causal: bool, block: int):
+    """JAX ``paged_attention``'s layout: each query row its own sequence (``[batch * q_len, heads, d]``, q
+    scaled in float32), its length ``kv_lengths - q_len + i + 1`` (at least 0) under causal and
+    ``kv_lengths`` otherwise; pools ``[kv_heads, pages, page_size, d]``; the table repeated per row and
+    padded with page 0 to a multiple of ``block`` pages."""
+    batch, q_len, hq, d = q.shape
+    rows = (q.astype(jnp.float32) * scale).reshape(batch * q_len, hq, d)
+    lengths = jnp.asarray(kv_lengths, jnp.int32)[:, None]
+    if causal:
+        lengths = jnp.maximum(lengths - q_len + 1 + jnp.arange(q_len, dtype=jnp.int32)[None, :], 0)
+    lengths = jnp.broadcast_to(lengths, (batch, q_len)).reshape(-1)
+    pps = page_indices.shape[1]
+    table = jnp.pad(jnp.repeat(page_indices.astype(jnp.int32), q_len, axis=0), ((0, 0), (0, -pps % block)))
+    k, v = (jnp.transpose(x, (2, 0, 1, 3)) for x in (k_pages, v_pages))
+    return rows, k, v, lengths, table
+
+
+@supports("softcap")
+def jax_paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, scale=None, causal=True,
+                        window_size=None, softcap=None, sinks=None):
+    """``pallas.ops.tpu.paged_attention`` (``paged_attention(q, k_pages, v_pages, lengths, page_indices, *,
+    attn_logits_soft_cap, pages_per_compute_block)``) in TPU interpret mode.
+
+    It is a decode kernel: one query row per sequence (``q [batch, num_q_heads, head_dim]``), keys
+    ``[0, lengths[b])``, no causal or window mask of its own, no scale, no sinks. The adapter gives each of
+    the contract's ``q_len`` rows a sequence of its own with the same table: under causal with length
+    ``kv_lengths - q_len + i + 1`` (row ``i`` sees exactly the keys at or before its position, the contract's
+    causal among the new rows), otherwise ``kv_lengths``. It scales q in float32 (the kernel computes its
+    logits in float32 from a float32 q). Pools become ``[num_kv_heads, num_pages, page_size, head_dim]``; the
+    table is padded with page 0 to a multiple of ``PAGED_BLOCK`` pages (its ``pages_per_compute_block``; the
+    padding is trailing entries, which the contract lets point anywhere). Declared: ``softcap`` (its
+    ``attn_logits_soft_cap``); a window or sinks are refused."""
+    from jax.experimental.pallas.ops.tpu.paged_attention import paged_attention
+
+    dims = check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices)
+    if window_size is not None or sinks is not None:
+        raise ValueError("JAX's paged_attention has no window and no sinks (not declared features)")
+    block = min(PAGED_BLOCK, dims.pages_per_sequence)
+    rows, k, v, lengths, table = _paged_layout(q, k_pages, v_pages, kv_lengths, page_indices,
+                                               jnp.float32(default_scale(dims.head_dim, scale)),
+                                               causal=bool(causal), block=block)
+    with _tpu_interpret_scope():
+        out = paged_attention(rows, k, v, lengths, table, pages_per_compute_block=block,
+                              attn_logits_soft_cap=None if softcap is None else float(softcap))
+    out = out.reshape(q.shape).astype(q.dtype)
+    return _zero_unseen(out, _paged_visible(kv_lengths, dims.q_len, bool(causal), None))
+
+
+@jax.jit
+def _zero_unheld(k_pages, v_pages, kv_lengths, page_indices):
+    """The pools with every slot that holds no key of any sequence set to zero (shared pages stay held)."""
+    num_pages, page_size = k_pages.shape[:2]
+    slot = jnp.arange(page_indices.shape[1] * page_size, dtype=jnp.int32).reshape(page_indices.shape[1], page_size)
+    held = slot[None] < jnp.asarray(kv_lengths, jnp.int32)[:, None, None]  # [batch, pages/seq, page_size]
+    pages = jnp.where(held, page_indices.astype(jnp.int32)[:, :, None], num_pages)  # num_pages: dropped
+    holds = jnp.zeros((num_pages, page_size), bool).at[pages, slot[None] % page_size].max(held, mode="drop")
+    return tuple(jnp.where(holds[:, :, None, None], x, jnp.zeros_like(x)) for x in (k_pages, v_pages))
+
+
+@supports("softcap")
+def jax_paged_attention_zeroed_pool(q, k_pages, v_pages, *, kv_lengths, page_indices, scale=None, causal=True,
+                                    window_size=None, softcap=None, sinks=None):
+    """A diagnostic, not the kernel as used: ``jax_paged_attention`` on pools whose slots that hold no key
+    are zeroed first (``_zero_unheld``), as a serving engine that zero-fills its pool would give it. The
+    kernel masks by adding ``mask_value`` to the logits, so NaN/Inf where no key is reach its output (every
+    check of ``jax_paged_attention`` fails on that alone); this shows what it gets wrong besides."""
+    k_pages, v_pages = _zero_unheld(k_pages, v_pages, kv_lengths, page_indices)
+    return jax_paged_attention(q, k_pages, v_pages, kv_lengths=kv_lengths, page_indices=page_indices, scale=scale,
+                               causal=causal, window_size=window_size, softcap=softcap, sinks=sinks)
+
+
+@functools.partial(jax.jit, static_argnames=("per_row", "queries"))
+def _ragged_layout(q, k_pages, v_pages, kv_lengths, page_indices, *, per_row: bool, queries: int):
+    """Ragged paged attention's layout: K and V interleaved on the head axis (``[pages, page_size, 2 kv_heads,
+    lanes]``, K at even heads), the query tokens ``[tokens, heads, lanes]`` padded to a multiple of ``queries``
+    (head_dim padded with zeros to whole 128-lane tiles: its accumulator update needs them); each
+    sequence its ``q_len`` rows (``per_row``: each row a sequence of one token, with its sequence's length
+    and table)."""
+    batch, q_len, hq, d = q.shape
+    num_pages, page_size, hk, _ = k_pages.shape
+    lanes = -(-d // LANES) * LANES
+    kv = jnp.stack([k_pages, v_pages], axis=3).reshape(num_pages, page_size, 2 * hk, d)
+    kv = _pad(kv, 3, 0, lanes)
+    tokens = q.reshape(batch * q_len, hq, d)
+    tokens = jnp.pad(tokens, ((0, -tokens.shape[0] % queries), (0, 0), (0, lanes - d)))
+    lengths, table = jnp.asarray(kv_lengths, jnp.int32), page_indices.astype(jnp.int32)
+    seqs, per_seq = (batch * q_len, 1) if per_row else (batch, q_len)
+    if per_row:
+        lengths, table = jnp.repeat(lengths, q_len), jnp.repeat(table, q_len, axis=0)
+    cu_q_lens = (jnp.arange(seqs + 1, dtype=jnp.int32) * per_seq)
+    return tokens, kv, lengths, table, cu_q_lens, jnp.asarray([seqs], jnp.int32)
+
+
+def _ragged(kernel, q, k_pages, v_pages, kv_lengths, page_indices, scale, causal, window_size, softcap, sinks,
+            **blocks):
+    """The contract's call as ``kernel`` (ragged_paged_attention's signature) takes it; see
+    ``jax_ragged_paged_attention``."""
+    dims = check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices)
+    window = check_window(window_size)
+    if sinks is not None:
+        raise ValueError("JAX's ragged_paged_attention has no sinks (not a declared feature)")
+    causal = bool(causal)
+    if window is not None and not causal:
+        raise ValueError("JAX's ragged_paged_attention's sliding window is causal and left-only: a window "
+                         "with causal=False is outside it")
+    sliding = None if window is None or window[0] is None else int(window[0]) + 1
+    tokens, kv, lengths, table, cu_q_lens, num_seqs = _ragged_layout(
+        q, k_pages, v_pages, kv_lengths, page_indices, per_row=not causal, queries=RAGGED_QUERIES)
+    with _tpu_interpret_scope():
+        out = kernel(tokens, kv, lengths, table, cu_q_lens, num_seqs, sm_scale=default_scale(dims.head_dim, scale),
+                     sliding_window=sliding, soft_cap=None if softcap is None else float(softcap), **blocks)
+    out = out[:dims.batch * dims.q_len, :, :dims.head_dim].reshape(q.shape)
+    return _zero_unseen(out, _paged_visible(kv_lengths, dims.q_len, causal, window))
+
+
+@supports("window", "softcap")
+def jax_ragged_paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, scale=None, causal=True,
+                               window_size=None, softcap=None, sinks=None):
+    """``pallas.ops.tpu.ragged_paged_attention`` (``ragged_paged_attention(q, kv_pages, kv_lens, page_indices,
+    cu_q_lens, num_seqs, *, sm_scale, sliding_window, soft_cap, num_kv_pages_per_block,
+    num_queries_per_block)``) in TPU interpret mode.
+
+    Its layout: the new tokens of every sequence concatenated (``q [tokens, num_q_heads, head_dim]``,
+    ``cu_q_lens`` their offsets), one pool with K and V interleaved on the head axis, head_dim a multiple of
+    128 (``_ragged_layout`` pads it with zeros: exact). Its mask is the contract's bottom-right causal (row
+    ``i`` of a sequence at ``kv_lens - q_len + i``) and, with ``sliding_window=w``, keys after
+    ``position - w``: the contract's window ``(w - 1, 0)``. Causal: each sequence's ``q_len`` rows as they
+    are. Not causal (the kernel is always causal): each row a sequence of one token whose position is its
+    sequence's last key, so it sees every key; a window is then refused (its window is left-only and counts
+    from the row's position, which that folding moves). Declared: ``window`` (causal, ``(left, right)`` as
+    ``sliding_window=left + 1``; the right side hides nothing under causal) and ``softcap`` (its
+    ``soft_cap``); ``scale`` is its ``sm_scale``; sinks are refused.
+
+    TPU interpret mode cannot run it (jax 0.6.2 to 0.10.2): the kernel reshapes its VMEM K/V buffer
+    (``wait().reshape(...)``, then strided loads) and the interpreter's reads handle only indexing
+    transforms of a ref (``AttributeError: 'ReshapeTransform' object has no attribute 'indices'``; 0.6.2:
+    ``'RefReshaper'``); the generic interpreter (``interpret=True``) fails on it too. The layout is graded
+    through JAX's own reference of the same signature (``jax_ragged_paged_reference``)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    dims = check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices)
+    return _ragged(ragged_paged_attention, q, k_pages, v_pages, kv_lengths, page_indices, scale, causal,
+                   window_size, softcap, sinks, num_kv_pages_per_block=min(PAGED_BLOCK, dims.pages_per_sequence),
+                   num_queries_per_block=RAGGED_QUERIES)
+
+
+@supports("window", "softcap")
+def jax_ragged_paged_reference(q, k_pages, v_pages, *, kv_lengths, page_indices, scale=None, causal=True,
+                               window_size=None, softcap=None, sinks=None):
+    """JAX's pure-JAX ``ref_ragged_paged_attention`` (beside the kernel, the same signature and layout)
+    through ``jax_ragged_paged_attention``'s adapter: what the adapter alone does to a correct
+    implementation of that signature (it runs eagerly, a Python loop over the sequences)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention.kernel import ref_ragged_paged_attention
+
+    return _ragged(ref_ragged_paged_attention, q, k_pages, v_pages, kv_lengths, page_indices, scale, causal,
+                   window_size, softcap, sinks)
