@@ -37,7 +37,14 @@ class Implementation:
       softmax_target: ``"module:attribute"`` of its masked softmax alone, for the ``softmax``
         scope (``[batch, heads, q_len, kv_len]`` logits in, fp32 probabilities out).
       contract: whether ``load()`` gives ``attention(q, k, v, *, causal, kv_lengths, scale)``;
-        ``sharded`` instead takes the contract kernel to shard as its first argument.
+        ``sharded`` instead takes the contract kernel to shard as its first argument, and a paged
+        implementation the paged contract's arguments.
+      paged: ``None``, or the pool layout ``load()``'s paged attention takes: ``"pages-first"`` (the
+        paged contract's ``paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, ...)``,
+        pools ``[num_pages, page_size, num_kv_heads, head_dim]``) or ``"heads-first"`` (JAX's
+        ``paged_attention``'s pools ``[num_kv_heads, num_pages, page_size, head_dim]``, otherwise
+        the same call): the ``paged-decode`` benchmark scope lays each pool out as its
+        implementation reads it, so no kernel is timed with a relayout of the cache.
       options: keyword arguments ``load()`` binds to the callable (a kernel family's variant).
     """
 
@@ -52,6 +59,7 @@ class Implementation:
     softmax_target: str | None = None
     contract: bool = True
     options: tuple[tuple[str, Any], ...] = ()
+    paged: Literal["pages-first", "heads-first"] | None = None
 
     def load(self) -> Callable[..., Any]:
         """The callable itself (imports its module now), with ``options`` bound; a bound one
@@ -108,6 +116,28 @@ IMPLEMENTATIONS: dict[str, Implementation] = {impl.name: impl for impl in (
         "sharded", "kernel_src.sharded:sharded_attention", "kernel",
         "Any contract kernel under shard_map, batch and kv-head groups split over devices.",
         scopes=("sharded",), pallas=False, contract=False),
+    # The paged contract (kernel_src.contract.paged_attention): decode over a paged KV cache.
+    Implementation(
+        "paged-xla", "kernel_src.reference:reference_paged_attention", "reference",
+        "Pure-JAX paged reference: gather each sequence's pages through its table, then attend (XLA).",
+        scopes=("paged-decode",), pallas=False, grading_name="paged-reference", contract=False,
+        paged="pages-first"),
+    Implementation(
+        "paged-pallas", "kernel_src.paged:paged_attention_tpu", "kernel",
+        "Pallas TPU paged decode kernel: page table in scalar prefetch, pages DMA'd into VMEM "
+        "(interpret mode on a CPU).",
+        scopes=("paged-decode",), pallas=True, grading_name="paged-pallas", platforms=("cpu", "tpu"),
+        contract=False, paged="pages-first"),
+    Implementation(
+        "paged-triton", "kernel_src.paged:paged_attention_triton", "kernel",
+        "The paged kernel's GPU family (Triton): keys gathered through the page table with masked loads.",
+        scopes=("paged-decode",), pallas=True, grading_name="paged-triton", platforms=("gpu",),
+        contract=False, paged="pages-first"),
+    Implementation(
+        "jax-paged", "kernel_src.vendor:jax_paged_attention", "vendor",
+        "JAX's Pallas TPU paged_attention (jax.experimental.pallas.ops.tpu.paged_attention) on its own "
+        "[kv heads, pages, page_size, head_dim] pools; q_len 1, no window.",
+        scopes=("paged-decode",), pallas=True, platforms=("tpu",), contract=False, paged="heads-first"),
 )}
 
 

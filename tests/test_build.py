@@ -273,15 +273,50 @@ def test_real_tiny_cpu_run_builds_with_allow_interpret(tmp_path, monkeypatch):
     monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None: grade(
         ["reference"], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick"))
     monkeypatch.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
-    run = run_module.run_measure(tmp_path / "tiny", profile="tiny", warmups=1, samples=2, scopes=["softmax"],
-                                 progress=False)
+    # the tiny profile's paged decode step too (issue 36): its cache columns and bytes reach the tables
+    run = run_module.run_measure(tmp_path / "tiny", profile="tiny", warmups=1, samples=2,
+                                 scopes=["softmax", "paged-decode"], progress=False)
     ws = testing.workspace(tmp_path / "ws")
     with pytest.raises(BuildError, match=r"\[interpret\]"):
         build([run], ws / "data")
     (record,) = build([run], ws / "data", allow_interpret=True)
     rows = _table(ws / "data", "benchmark", record)
-    assert rows and all(r["interpret"] and r["platform"] == "cpu" and len(r["samples_ms"]) == 2 for r in rows)
+    assert rows and all(r["interpret"] or r["implementation"] == "paged-xla" for r in rows)
+    assert all(r["platform"] == "cpu" and len(r["samples_ms"]) == 2 for r in rows)
     assert verify(ws / "data") == []
+    paged_rows_carry_their_cache(ws / "data", record, rows, "tiny")
+
+
+def paged_rows_carry_their_cache(data: Path, record: str, rows: list[dict], profile: str) -> None:
+    """The paged columns: null for every other case, the case's cache for a paged one; bytes_moved the K/V of
+    the keys each sequence's new row sees (counted key by key), q and out; the tables load with ``datasets``."""
+    import datasets
+
+    from tpu_kernel_records_tools.bench.cases import get_profile
+
+    paged = {r["case_id"]: r for r in rows if r["scope"] == "paged-decode"}
+    assert paged and all(r["page_size"] is r["pages"] is r["pool_pages"] is None
+                         for r in rows if r["scope"] != "paged-decode")
+    models = {m.name: m for m in get_profile(profile).paged}
+    for r in paged.values():
+        m = models[r["model"]]
+        assert r["implementation"] in ("paged-pallas", "paged-xla") and r["q_len"] == 1
+        assert (r["pages"], r["pool_pages"]) == (r["kv_len"] // r["page_size"], r["batch"] * r["pages"])
+        assert r["page_size"] in m.page_sizes and r["window"] == (None if m.window is None else dict(
+            left=m.window[0], right=m.window[1]))
+        keys = sum(sum(1 for j in range(n) if m.window is None or n - 1 - j <= m.window[0])
+                   for n in m.lengths(r["kv_len"]))
+        assert r["bytes_moved"] == 2 * (keys * m.num_kv_heads + r["batch"] * m.num_q_heads) * m.head_dim * 2
+    assert {(r["model"], r["page_size"]) for r in paged.values()} == {
+        (m.name, p) for m in models.values() for _, p in m.variants()}
+    for config in CONFIG_NAMES:
+        ds = datasets.load_dataset("parquet", data_files=str(data / config / f"{record}.parquet"), split="train",
+                                   cache_dir=str(data.parent / "hf-cache"))
+        assert ds.features == datasets.Features.from_arrow_schema(FEATURES[config])
+    loaded = datasets.load_dataset("parquet", data_files=str(data / "benchmark" / f"{record}.parquet"),
+                                   split="train", cache_dir=str(data.parent / "hf-cache"))
+    assert {r["case_id"]: r["pool_pages"] for r in loaded if r["case_id"] in paged} == {
+        k: r["pool_pages"] for k, r in paged.items()}
 
 
 def test_repository_data_verifies():

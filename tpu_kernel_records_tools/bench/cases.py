@@ -33,6 +33,19 @@ paired with the scope's reference (``xla``), and every kernel with every vendor 
   declares none). Useful FLOPs count the visible pairs only (``bench.roofline.visible_pairs``:
   a 4,096-key window over 32k keys about an eighth of the causal pairs).
 
+* ``paged-decode``: one decode step (``q_len`` 1) over a paged KV cache, the paged contract
+  (``kernel_src.contract.paged_attention``; ``PagedModel``: a model's heads, page sizes 16 and 128,
+  contexts and batches, ``MODEL_PAGED`` in the ``tpu-v5e`` and ``gpu`` profiles: Llama-3-8B at 1k-32k
+  keys, batch 64-8, and Mistral-7B with its 4,096-key window; ``TINY_PAGED`` at interpret-mode
+  sizes in ``cpu``, its windowed one in ``tiny``). Sequences of distinct, ragged lengths (``PagedModel.lengths``)
+  whose pages lie permuted in a pool of ``batch * pages`` pages (``PagedModel.page_table``). Timed:
+  the project's paged kernel (``paged-pallas``: Mosaic on a TPU, interpret mode on a CPU;
+  ``paged-triton`` on a GPU), the XLA gather-then-attend reference (``paged-xla``) and, on a TPU
+  without a window, JAX's ``paged_attention`` (``jax-paged``, on its own heads-first pools: each
+  implementation gets the pool laid out as it reads it, ``Implementation.paged``). Useful bytes are
+  the K/V actually read (``bench.roofline.paged_work``: each key a new row sees, once, plus q and
+  the output).
+
 Every case of a scope and sequence length gets the same inputs (drawn from ``seed``); segment ids
 are not drawn from ``seed`` but follow from the case (``MaskedModel.segment_ids``), so its FLOPs do.
 """
@@ -53,7 +66,8 @@ from kernel_src.registry import IMPLEMENTATIONS, Implementation
 
 MODEL_SCOPES = ("model-fwd", "model-fwd-bwd")
 MASK_SCOPES = ("masks-fwd", "masks-fwd-bwd")
-SCOPES = ("softmax", "attention", "flash", "sharded") + MODEL_SCOPES + MASK_SCOPES
+PAGED_SCOPES = ("paged-decode",)
+SCOPES = ("softmax", "attention", "flash", "sharded") + MODEL_SCOPES + MASK_SCOPES + PAGED_SCOPES
 PUBLISHED_SEQ_LENS = (128, 256, 512, 1024, 2048)
 
 
@@ -183,6 +197,91 @@ TINY_MASKS = (
 
 
 @dataclasses.dataclass(frozen=True)
+class PagedModel:
+    """One model's decode step over a paged KV cache: a case per page size and context of the
+    ``paged-decode`` scope. Causal, one new row per sequence (``q_len`` 1), the profile's dtype.
+
+    Attributes:
+      name: the model (``model`` in the records), e.g. ``llama-3-8b``.
+      num_q_heads, num_kv_heads, head_dim: its attention's.
+      contexts: the longest sequence of a case (``seq_len``, ``kv_len``): ``pages = context //
+        page_size`` table entries per sequence.
+      page_sizes: keys per page, one case each.
+      tokens: cache tokens per case: ``batch = min(max_batch, tokens // context)`` (at least 1).
+      max_batch: the largest batch.
+      window: the contract's ``window_size`` (a config's ``sliding_window=W`` is ``(W - 1, 0)``);
+        ``None``: none. Pages before the window hold no key a new row sees.
+      plan: whether the static v5e plan (``bench.plan``) sets the paged kernel against JAX's
+        ``paged_attention`` at these cases' shapes (only without a window: JAX's has none).
+    """
+
+    name: str
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    contexts: tuple[int, ...]
+    page_sizes: tuple[int, ...] = (16, 128)
+    tokens: int = 262144
+    max_batch: int = 64
+    window: Window | None = None
+    plan: bool = False
+
+    def __post_init__(self):
+        for context in self.contexts:
+            for page_size in self.page_sizes:
+                if context % page_size:
+                    raise ValueError(f"{self.name}: context {context} is no multiple of page size {page_size}")
+        if self.plan and self.window is not None:
+            raise ValueError(f"{self.name}: the plan's peer, JAX's paged_attention, has no window")
+
+    @property
+    def features(self) -> tuple[str, ...]:
+        return ("window",) if self.window is not None else ()
+
+    def batch_for(self, context: int) -> int:
+        return max(1, min(self.max_batch, self.tokens // context))
+
+    def variants(self) -> list[tuple[int, int]]:
+        """``(context, page_size)`` of every case, in run order."""
+        return [(context, page_size) for context in self.contexts for page_size in self.page_sizes]
+
+    def lengths(self, context: int) -> np.ndarray:
+        """Int32 ``[batch]`` key lengths: sequence 0 holds the whole context, the others distinct ragged
+        lengths in ``(context / 2, context)`` (``context - (7919 b mod context / 2)``): last pages partly
+        filled at either page size. A function of the case alone, so its useful bytes are."""
+        batch = self.batch_for(context)
+        return np.array([context - (7919 * b) % (context // 2) for b in range(batch)], np.int32)
+
+    def page_table(self, context: int, page_size: int) -> tuple[np.ndarray, int]:
+        """``(page_indices int32 [batch, pages], pool_pages)``: every sequence's pages, distinct and in a
+        random order (a generator keyed by the model and case alone) over a pool of ``batch * pages``
+        pages, as a serving engine's allocator leaves them."""
+        batch, pages = self.batch_for(context), context // page_size
+        key = zlib.crc32(f"{self.name}/{context}/{page_size}".encode())
+        rng = np.random.default_rng(np.random.SeedSequence([key, batch]))
+        return rng.permutation(batch * pages).reshape(batch, pages).astype(np.int32), batch * pages
+
+    def work(self, context: int, itemsize: int) -> tuple[float, float]:
+        """``(flops, useful bytes)`` of a case (``bench.roofline.paged_work``)."""
+        return roofline.paged_work(self.lengths(context), 1, self.num_q_heads, self.num_kv_heads,
+                                   self.head_dim, itemsize, True, self.window)
+
+
+# The decode steps the tpu-v5e and gpu profiles time: Llama-3-8B (32 / 8 heads of 128) at 1k-32k keys, batch
+# 64-8 (262,144 cache tokens), and Mistral-7B v0.1 (the same heads) with its sliding_window 4096 at 8k-32k.
+MODEL_PAGED = (
+    PagedModel("llama-3-8b", 32, 8, 128, (1024, 8192, 32768), plan=True),
+    PagedModel("mistral-7b", 32, 8, 128, (8192, 32768), window=(4095, 0)),
+)
+# The same at sizes interpret mode runs in seconds (the cpu profile; the tiny profile the windowed one alone):
+# pages of 16 and 128, a window.
+TINY_PAGED = (
+    PagedModel("llama-3-8b-tiny", 4, 2, 128, (256,), tokens=512, max_batch=2),
+    PagedModel("mistral-7b-tiny", 4, 2, 128, (256,), page_sizes=(16,), tokens=512, max_batch=2, window=(63, 0)),
+)
+
+
+@dataclasses.dataclass(frozen=True)
 class Profile:
     """Shapes and defaults of a benchmark run.
 
@@ -198,6 +297,7 @@ class Profile:
         worker each: about 20 s apiece on a 2-core CPU) to show the rubric still rejects them here.
       model: the shapes of the ``model-*`` scopes; ``None`` where the profile has none.
       masks: the masked models of the ``masks-*`` scopes (``MaskedModel``).
+      paged: the decode steps of the ``paged-decode`` scope (``PagedModel``).
     """
 
     name: str
@@ -219,6 +319,7 @@ class Profile:
     model: ModelShapes | None = None
     grade_known_bad: bool = True
     masks: tuple[MaskedModel, ...] = ()
+    paged: tuple[PagedModel, ...] = ()
 
     def batch_for(self, scope: str, seq: int) -> int:
         if self.max_tokens is None or scope == "sharded":
@@ -234,13 +335,13 @@ PROFILES: dict[str, Profile] = {
         # Finishes in under 3 minutes on a 2-core CPU, Pallas in interpret mode (the known-bad
         # built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
         Profile("cpu", batch=1, head_dim=64, grade_known_bad=False,
-                scopes=("softmax", "attention") + MASK_SCOPES, masks=TINY_MASKS),
+                scopes=("softmax", "attention") + MASK_SCOPES + PAGED_SCOPES, masks=TINY_MASKS, paged=TINY_PAGED),
         Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=5, export_tpu=True,
-                grade_known_bad=False, masks=TINY_MASKS),
+                grade_known_bad=False, masks=TINY_MASKS, paged=TINY_PAGED[1:]),
         Profile("tpu-v5e", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
-                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS),
+                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED),
         Profile("gpu", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
-                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS),
+                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED),
     )
 }
 
@@ -266,7 +367,9 @@ class Case:
     exports the case's StableHLO for TPU, ``None`` where there is nothing Pallas to export.
     ``make_inputs()`` returns host (numpy) arrays matching ``abstract_args``. ``model``, ``window``,
     ``softcap``, ``segments`` (documents per row) and ``sinks`` (``True``) describe a ``masks-*``
-    case's mask; ``None`` for every other case.
+    case's mask (``model`` and ``window`` also a ``paged-decode`` case's); ``page_size``, ``pages``
+    (table entries per sequence) and ``pool_pages`` a ``paged-decode`` case's cache; ``None`` for
+    every other case.
     """
 
     case_id: str
@@ -290,11 +393,16 @@ class Case:
     softcap: float | None = None
     segments: int | None = None
     sinks: bool | None = None
+    page_size: int | None = None
+    pages: int | None = None
+    pool_pages: int | None = None
 
     def mask_fields(self) -> dict[str, Any]:
-        """The case record's mask fields (``benchmark.schema.json``): ``window`` as ``[left, right]``."""
+        """The case record's mask and paged-cache fields (``benchmark.schema.json``): ``window`` as
+        ``[left, right]``."""
         return dict(model=self.model, window=None if self.window is None else list(self.window),
-                    softcap=self.softcap, segments=self.segments, sinks=self.sinks)
+                    softcap=self.softcap, segments=self.segments, sinks=self.sinks,
+                    page_size=self.page_size, pages=self.pages, pool_pages=self.pool_pages)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -389,8 +497,9 @@ def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
     dtype = jnp.dtype(profile.dtype)
     cases, pairs = [], []
     for scope in scopes:
-        if scope in MODEL_SCOPES or scope in MASK_SCOPES:
-            expand = _model_cases if scope in MODEL_SCOPES else _mask_cases
+        if scope in MODEL_SCOPES or scope in MASK_SCOPES or scope in PAGED_SCOPES:
+            expand = (_model_cases if scope in MODEL_SCOPES else _mask_cases if scope in MASK_SCOPES
+                      else _paged_cases)
             model_cases, model_pairs = expand(profile, scope, seed, platform)
             cases, pairs = cases + model_cases, pairs + model_pairs
             continue
@@ -619,6 +728,69 @@ def _mask_case(profile: Profile, scope: str, impl: str, masked: MaskedModel, seq
                 fn=fn, abstract_args=abstract, make_inputs=make_inputs, tpu_fn=fn if export else None,
                 flops=flops, bytes_moved=nbytes, model=masked.name, window=masked.window,
                 softcap=masked.softcap, segments=documents, sinks=True if masked.sinks else None)
+
+
+def _paged_cases(profile: Profile, scope: str, seed: int, platform: str) -> tuple[list[Case], list[Pair]]:
+    """Every case and pair of the ``paged-decode`` scope: per paged model, context and page size, each
+    paged implementation that runs on ``platform`` and declares the model's features (JAX's
+    ``paged_attention`` declares none)."""
+    if not profile.paged:
+        raise ValueError(f"profile {profile.name!r} has no paged decode cases (scope {scope!r})")
+    cases, pairs = [], []
+    for paged in profile.paged:
+        for context, page_size in paged.variants():
+            ids = {}
+            for impl in _implementations(scope, platform, profile):
+                if not _declares(impl, paged.features):
+                    continue
+                case = _paged_case(profile, scope, impl, paged, context, page_size, seed, platform)
+                ids[impl] = case.case_id
+                cases.append(case)
+            pairs += _pairs(scope, context, ids)
+    return cases, pairs
+
+
+def _paged_case(profile: Profile, scope: str, impl: str, paged: PagedModel, context: int, page_size: int,
+                seed: int, platform: str) -> Case:
+    """One decode step: ``(q, k_pages, v_pages, kv_lengths, page_indices) -> out``, the pools laid out as
+    the implementation reads them (``Implementation.paged``), the same values for each."""
+    dtype = jnp.dtype(profile.dtype)
+    batch, hq, hk, d = paged.batch_for(context), paged.num_q_heads, paged.num_kv_heads, paged.head_dim
+    lengths = paged.lengths(context)
+    table, pool = paged.page_table(context, page_size)
+    implementation = _registered(impl)
+    heads_first = implementation.paged == "heads-first"
+    pool_shape = (hk, pool, page_size, d) if heads_first else (pool, page_size, hk, d)
+    abstract = (jax.ShapeDtypeStruct((batch, 1, hq, d), dtype), jax.ShapeDtypeStruct(pool_shape, dtype),
+                jax.ShapeDtypeStruct(pool_shape, dtype), jax.ShapeDtypeStruct((batch,), jnp.int32),
+                jax.ShapeDtypeStruct(table.shape, jnp.int32))
+    flops, nbytes = paged.work(context, dtype.itemsize)
+    options = dict(causal=True, scale=d ** -0.5)
+    if paged.window is not None:
+        options["window_size"] = paged.window
+
+    def program():
+        kernel = implementation.load()
+        return lambda q, k, v, lengths, table: kernel(q, k, v, kv_lengths=lengths, page_indices=table, **options)
+
+    def make_inputs():
+        rng = _rng(seed, f"{scope}-{paged.name}-p{page_size}", context)
+        q = rng.standard_normal((batch, 1, hq, d), dtype=np.float32).astype(dtype)
+        k, v = (rng.standard_normal((pool, page_size, hk, d), dtype=np.float32).astype(dtype) for _ in range(2))
+        if heads_first:
+            k, v = (np.ascontiguousarray(x.transpose(2, 0, 1, 3)) for x in (k, v))
+        return [q, k, v, lengths, table]
+
+    interpret = platform == "cpu" and _uses_pallas(impl)
+    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)  # as in ``_case``
+    fn = _LazyFn(program)
+    return Case(case_id=f"{scope}-{impl}-{paged.name}-p{page_size}-s{context}", scope=scope, implementation=impl,
+                seq_len=context, shape=dict(batch=batch, q_len=1, kv_len=context, num_q_heads=hq, num_kv_heads=hk,
+                                            head_dim=d),
+                dtype=dtype.name, causal=True, padded=True, interpret=interpret, fn=fn, abstract_args=abstract,
+                make_inputs=make_inputs, tpu_fn=fn if export else None, flops=flops, bytes_moved=nbytes,
+                model=paged.name, window=paged.window, page_size=page_size, pages=context // page_size,
+                pool_pages=pool)
 
 
 class _LazyFn:

@@ -20,6 +20,11 @@ Conventions (the same for every implementation of a case, so rates compare like 
   kv_lengths and the output cotangent in, dq, dk, dv out; softmax: logits and kv_lengths in,
   fp32 probabilities out; int32 segment ids and fp32 sinks in where given, and fp32 dsinks out
   with the backward). Intermediates that a fused kernel never writes are not counted.
+* Paged decode (``paged_work``, the ``paged-decode`` scope): the useful bytes are the K/V actually
+  read: each key some new row sees, its K and V once (a key past a sequence's length, in a page no
+  row reaches or before a window counts nothing, however the pool is laid out), plus q read and
+  the output written once; the page table and lengths are not counted. FLOPs as above, per
+  sequence at its own length (its new rows are its last ``q_len`` positions).
 
 Peaks (dense, per device; ``None`` for a device the table does not know):
 
@@ -142,6 +147,44 @@ def attention_work(batch: int, q_len: int, kv_len: int, num_q_heads: int, num_kv
     if backward:
         flops *= 1.0 + BACKWARD_FLOPS_PER_FORWARD
     return flops, float((q_sized + kv_sized) * itemsize + lengths + segments + sink_bytes)
+
+
+def paged_keys(q_len: int, length: int, causal: bool,
+               window: tuple[int | None, int | None] | None) -> tuple[int, int]:
+    """``(visible pairs, keys read)`` of one paged sequence of ``length`` keys whose ``q_len`` new rows
+    are its last positions: pairs under the contract's masks (``visible_pairs``), and the keys some
+    row sees (the union of the rows' intervals)."""
+    position = np.arange(q_len, dtype=np.int64) + (int(length) - q_len)  # may be < 0: sees no key
+    lo, hi = np.zeros(q_len, np.int64), np.full(q_len, int(length) - 1, np.int64)
+    if causal:
+        hi = np.minimum(hi, position)
+    left, right = window if window is not None else (None, None)
+    if left is not None:
+        lo = np.maximum(lo, position - int(left))
+    if right is not None:
+        hi = np.minimum(hi, position + int(right))
+    keep = hi >= lo
+    if not keep.any():
+        return 0, 0
+    marks = np.zeros(max(int(length), 1) + 1, np.int64)
+    np.add.at(marks, lo[keep], 1)
+    np.add.at(marks, hi[keep] + 1, -1)
+    return int((hi[keep] - lo[keep] + 1).sum()), int((np.cumsum(marks)[:-1] > 0).sum())
+
+
+def paged_work(kv_lengths: np.ndarray, q_len: int, num_q_heads: int, num_kv_heads: int, head_dim: int,
+               itemsize: int, causal: bool = True,
+               window: tuple[int | None, int | None] | None = None) -> tuple[float, float]:
+    """``(flops, useful_bytes)`` of one paged-attention call (``kernel_src.contract.paged_attention``)
+    over sequences of ``kv_lengths`` keys: FLOPs per visible pair, bytes the K/V of every key some
+    row sees (once) plus q and the output (``paged_keys``)."""
+    pairs = keys = 0
+    for length in np.asarray(kv_lengths, np.int64):
+        p, k = paged_keys(q_len, int(length), causal, window)
+        pairs, keys = pairs + p, keys + k
+    batch = len(kv_lengths)
+    return (4.0 * num_q_heads * head_dim * pairs,
+            float((2 * keys * num_kv_heads + 2 * batch * q_len * num_q_heads) * head_dim * itemsize))
 
 
 def softmax_work(batch: int, heads: int, q_len: int, kv_len: int, itemsize: int,

@@ -4,11 +4,12 @@ Generated parts sit between marker comments; everything else in the card is writ
 
     # BEGIN GENERATED: dataset_info          (inside the YAML front matter)
     <!-- BEGIN GENERATED: records -->        (markdown body; also: glance, usage, fields, power, figure,
-                                                masks, leaderboard, plan)
+                                                masks, paged, leaderboard, plan)
 
 The ``plan`` section comes from ``data/plan/tpu-v5e.json`` (``builder.plan``), ``fields`` from
 ``builder.fields`` (every column's description), ``masks`` from the profiles' masked models
-(``bench.cases.MaskedModel``) and the tables' ``masks-*`` rows, the others from the tables.
+(``bench.cases.MaskedModel``) and the tables' ``masks-*`` rows, ``paged`` from the profiles' paged decode
+steps (``bench.cases.PagedModel``) and the tables' ``paged-decode`` rows, the others from the tables.
 """
 
 from __future__ import annotations
@@ -34,8 +35,8 @@ FIGURE = "figures/pallas_xla_ratio.png"  # relative to data/
 FIGURE_KEY = "tpu-kernel-records-data-sha256"
 BASELINE = "xla"  # the figure and its table show ratios to this implementation
 YAML_SECTIONS = ("dataset_info",)
-SECTIONS = ("dataset_info", "glance", "usage", "fields", "records", "power", "figure", "masks", "leaderboard",
-            "plan")
+SECTIONS = ("dataset_info", "glance", "usage", "fields", "records", "power", "figure", "masks", "paged",
+            "leaderboard", "plan")
 PLACEHOLDER_REPO = "OWNER/tpu-kernel-records"
 MAX_LISTED_SHAPES = 6  # grader-power shapes listed one by one in the card up to this many  # the usage examples name the real repo once published
 
@@ -274,6 +275,48 @@ def masks(benchmark: pa.Table) -> str:
     return "\n".join(parts)
 
 
+def paged(benchmark: pa.Table) -> str:
+    """The paged decode steps (scope ``paged-decode``): the cases each profile declares
+    (``bench.cases.PagedModel``: heads, window, page size, context, batch, table and pool, the
+    sequences' lengths and the useful bytes as the records count them), then every recorded case of
+    the scope, interpret-mode rows flagged."""
+    from ..bench.cases import PAGED_SCOPES, PROFILES
+
+    groups: dict[tuple, list[str]] = {}
+    for name, profile in PROFILES.items():
+        if profile.paged:
+            groups.setdefault((profile.paged, profile.dtype), []).append(name)
+    declared = []
+    for (models, dtype), names in groups.items():
+        itemsize = 2 if dtype == "bfloat16" else 4
+        for m in models:
+            for context, page_size in m.variants():
+                lengths = m.lengths(context)
+                _, table_pool = m.page_table(context, page_size)
+                _, useful = m.work(context, itemsize)
+                declared.append([", ".join(names), code(m.name), f"{m.num_q_heads} / {m.num_kv_heads}", m.head_dim,
+                                 _window(m.window), page_size, context, len(lengths), context // page_size,
+                                 table_pool, f"{int(lengths.min())}-{int(lengths.max())}",
+                                 f"{useful / 1e6:,.1f}" if useful >= 1e7 else f"{useful / 1e6:.3g}"])
+    parts = [table(["Profiles", "Model", "Heads (q / kv)", "head_dim", "Window (left, right)", "Page size",
+                    "Context", "Batch", "Pages per sequence", "Pool pages", "Lengths", "Useful MB"], declared)]
+    rows = [r for r in benchmark.to_pylist() if r["scope"] in PAGED_SCOPES]
+    if not rows:
+        parts.append("_No record holds `paged-decode` cases yet: `tpu-kernel-records measure` on a TPU or GPU (or, "
+                     "in interpret mode, the `cpu` profile) writes them._\n")
+    else:
+        recorded = [[code(r["record_id"]), code(r["model"]), r["page_size"], r["seq_len"], r["batch"],
+                     r["implementation"], f"{r['median_ms']:.4f}", None if r["gbps"] is None else f"{r['gbps']:.3g}",
+                     None if r["ratio_to_baseline"] is None
+                     else f"{r['ratio_to_baseline']:.2f}x {text(r['baseline_case_id'])}",
+                     "yes (not kernel speed)" if r["interpret"] else "no"]
+                    for r in sorted(rows, key=lambda r: (r["record_id"], r["model"] or "", r["seq_len"],
+                                                         r["page_size"] or 0, r["case_id"]))]
+        parts.append(table(["Record", "Model", "Page size", "Context", "Batch", "Implementation", "Median (ms)",
+                            "GB/s (useful)", "Ratio to baseline", "Interpret mode"], recorded))
+    return "\n".join(parts)
+
+
 def figure_png(benchmark: pa.Table) -> bytes:
     """The ratio figure as PNG bytes: Agg, default style, no timestamp or software metadata.
 
@@ -392,7 +435,7 @@ def sections(tables: dict[str, pa.Table]) -> dict[str, str]:
     return {"dataset_info": dataset_info(tables), "glance": glance(tables["benchmark"], tables["environment"]),
             "fields": fields.section(tables), "records": records(tables["environment"]),
             "power": power(tables["correctness"]), "figure": figure_section(tables["benchmark"]),
-            "masks": masks(tables["benchmark"]),
+            "masks": masks(tables["benchmark"]), "paged": paged(tables["benchmark"]),
             "leaderboard": leaderboard(tables["benchmark"], tables["correctness"]),
             "usage": usage()}
 

@@ -10,7 +10,9 @@ Each row also names the contract it was graded on (``Graded on``): the base cont
 features the kernel declared (the ``features`` column of its scorecard; null, in a run graded before
 features existed, is the base contract). Kernels graded on different feature sets are different
 contests: each feature set gets its own table (base first, then by the contract's feature order), so
-no kernel is ranked against one graded on more or less.
+no kernel is ranked against one graded on more or less. A kernel graded on the paged contract (the
+``contract`` column: ``paged``, scope ``paged-decode``) is a contest apart from every dense one: its
+tables come after them, with ratios to the paged XLA reference and to the project's paged kernel.
 """
 
 from __future__ import annotations
@@ -47,15 +49,23 @@ def _ratio(pairs: list[dict[str, Any]], baseline: str) -> str:
     return "-"
 
 
-def graded_on(features: tuple[str, ...]) -> str:
-    """The contract a feature set names: ``base``, or ``base + window + softcap``."""
-    return " + ".join(("base", *features))
+def graded_on(features: tuple[str, ...], contract: str = "attention") -> str:
+    """The contract a feature set names: ``base``, ``base + window + softcap``; ``paged: base + window`` on
+    the paged contract."""
+    named = " + ".join(("base", *features))
+    return named if contract == "attention" else f"{contract}: {named}"
 
 
-def _contest(features: tuple[str, ...]) -> tuple[int, tuple[int, ...]]:
-    """Feature sets in table order: the base contract first, then fewer features first, in the contract's order."""
+Contest = tuple[str, tuple[str, ...]]  # (contract, features)
+
+
+def _contest(contest: Contest) -> tuple[int, int, tuple[int, ...]]:
+    """Contests in table order: the dense contract before the paged one; within each the base contract
+    first, then fewer features first, in the contract's order."""
+    contract, features = contest
     order = scorecard_features()
-    return len(features), tuple(order.index(f) if f in order else len(order) for f in features)
+    return (contract != "attention", len(features),
+            tuple(order.index(f) if f in order else len(order) for f in features))
 
 
 def leaderboard(benchmark: pa.Table, correctness: pa.Table) -> str:
@@ -63,35 +73,43 @@ def leaderboard(benchmark: pa.Table, correctness: pa.Table) -> str:
     measured = [r for r in correctness.to_pylist()
                 if r["source"] == SUBMITTED and r["measured"] and r["row_kind"] == "check"]
     verdicts = {(r["record_id"], r["candidate"]): r["candidate_passed"] for r in measured}
-    # null: graded before features existed, so on the base contract
-    features = {r["record_id"]: tuple(r.get("features") or ()) for r in measured}
+    # features null: graded before features existed, so on the base contract; contract null: attention
+    contests: dict[str, Contest] = {r["record_id"]: (r.get("contract") or "attention", tuple(r.get("features") or ()))
+                                    for r in measured}
     names = {record: name for record, name in verdicts}
     rows = [r for r in benchmark.to_pylist() if r["source"] == SUBMITTED and r["implementation"] == SUBMITTED]
     if not rows:
         return NONE_YET
     rows.sort(key=lambda r: (r["interpret"], r["device_kind"], r["scope"], r["seq_len"], r["num_q_heads"],
                              r["median_ms"] if r["median_ms"] is not None else math.inf))
-    header = ["Device", "Scope", "Shape (batch, seq, q/kv heads, head_dim, dtype)", "Kernel", "Graded on",
-              "Verdict", "Median ms [95% CI]", "vs XLA [95% CI]", "vs flash [95% CI]", "Record"]
     out = []
     for interpret in (False, True):
         mine = [r for r in rows if r["interpret"] == interpret]
-        for contest in sorted({features.get(r["record_id"], ()) for r in mine}, key=_contest):
+        for contest in sorted({contests.get(r["record_id"], ("attention", ())) for r in mine}, key=_contest):
+            contract, features = contest
+            paged = contract == "paged"
+            baselines = ("paged-xla", "paged-pallas") if paged else ("xla", "flash")
+            header = ["Device", "Scope", "Shape (batch, seq, q/kv heads, head_dim, dtype"
+                      + (", page size)" if paged else ")"), "Kernel", "Graded on", "Verdict", "Median ms [95% CI]",
+                      *(f"vs {b} [95% CI]" for b in baselines), "Record"]
             table = []
-            for r in (r for r in mine if features.get(r["record_id"], ()) == contest):
+            for r in (r for r in mine if contests.get(r["record_id"], ("attention", ())) == contest):
                 name = names.get(r["record_id"], "?")
                 low, high = median_ci(r["samples_ms"] or [])
                 ci = "" if low is None else f" [{low:.4g}, {high:.4g}]"
                 table.append([r["device_kind"], r["scope"],
                               f"{r['batch']}, {r['seq_len']}, {r['num_q_heads']}/{r['num_kv_heads']}, "
-                              f"{r['head_dim']}, {r['dtype']}", code(name), graded_on(contest),
+                              f"{r['head_dim']}, {r['dtype']}" + (f", {r.get('page_size')}" if paged else ""),
+                              code(name), graded_on(features, contract),
                               "passed" if verdicts.get((r["record_id"], name)) else "failed",
-                              f"{r['median_ms']:.4g}{ci}", _ratio(r["pairs"], "xla"), _ratio(r["pairs"], "flash"),
+                              f"{r['median_ms']:.4g}{ci}", *(_ratio(r["pairs"], b) for b in baselines),
                               code(r["record_id"])])
             where = ("**Interpret mode or CPU: not kernel speed**, only that the programs run" if interpret
                      else "**On the device**")
-            what = ("the base contract only" if not contest else
-                    f"the base contract plus {', '.join(map(text, contest))} (a contest of its own)")
+            what = ("the base contract only" if not features else
+                    f"the base contract plus {', '.join(map(text, features))} (a contest of its own)")
+            if paged:
+                what = f"the paged contract (`paged_attention`, a contest of its own): {what}"
             out.append(f"{where}; graded on {what}.\n\n")
             out.append("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
                        + "".join("| " + " | ".join(c if isinstance(c, Markdown) else text(c) for c in row) + " |\n"

@@ -7,8 +7,9 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
 * the measured candidate's scorecard exists and every one of its checks passed; every scorecard adds
   up as the rubric writes it (a check earns its points exactly when it passed, the score and maximum
   are their sums, a card passes exactly when it has checks, no error, and every check passed); its
-  declared ``features`` are in the contract's order, each with the check of its name (unless the card
-  could not be graded), and it has no check of a feature it does not declare;
+  declared ``features`` are in the contract's order, each with the check of its name (``paged-<name>``
+  on a paged scorecard; unless the card could not be graded), and it has no check of a feature it does
+  not declare;
 * it was not made in the future (``created_utc`` at most ``CLOCK_SKEW`` after the build);
 * every benchmark case succeeded, with a finite, positive median; a ``measured`` case also has exactly
   ``samples_per_case`` finite, positive samples and states its whole shape;
@@ -158,13 +159,16 @@ def _check_features(where: str, card: dict[str, Any]) -> None:
     if declared != [f for f in names if f in declared]:
         raise RunError("scorecard", "correctness.json", f"{where}/features",
                        f"{declared!r} is not in the contract's order ({', '.join(names)})")
+    # a paged scorecard (contract "paged") grades feature f by the check paged-f (grading.paged_checks)
+    prefix = "paged-" if card.get("contract") == "paged" else ""
     graded = set()
     for j, check in enumerate(card["checks"]):
-        if check["name"] in names and check["name"] not in declared:
+        feature = check["name"][len(prefix):] if check["name"].startswith(prefix) else None
+        if feature in names and feature not in declared:
             raise RunError("scorecard", "correctness.json", f"{where}/checks/{j}/name",
-                           f"a check of feature {check['name']!r}, which the scorecard does not declare "
+                           f"a check of feature {feature!r}, which the scorecard does not declare "
                            f"(features: {declared!r})")
-        graded.add(check["name"])
+        graded.add(feature)
     missing = [f for f in declared if f not in graded]
     if missing and not card.get("error"):
         raise RunError("scorecard", "correctness.json", f"{where}/features",

@@ -3,7 +3,8 @@
 Row layouts:
 
 * benchmark: one row per case; a ``masks-*`` case's mask in ``model``, ``window``, ``softcap``,
-  ``segments``, ``sinks`` (null elsewhere, and for runs from before them); ``compiled_tpu`` (a struct, null where the case has no compiled TPU
+  ``segments``, ``sinks``, a ``paged-decode`` case's cache in ``page_size``, ``pages``, ``pool_pages``
+  (null elsewhere, and for runs from before them); ``compiled_tpu`` (a struct, null where the case has no compiled TPU
   program or it could not be compiled: ``compiled_tpu_reason``) holds the TPU compiler's facts,
   predicted by the compiler, not measured. ``pairs`` lists every pair with this case as numerator (baseline,
   ratio of medians, CI, devices and scaling efficiency for the sharded scope); the flat
@@ -82,12 +83,14 @@ def _compiled_tpu(facts: dict[str, Any] | None, raw: str) -> dict[str, Any] | No
 
 
 def mask_columns(case: dict[str, Any]) -> dict[str, Any]:
-    """A case's mask columns: ``model``, ``window`` (``[left, right]`` as the struct ``left`` / ``right``),
-    ``softcap``, ``segments``, ``sinks``; null where the case (or a run from before masks) has none."""
+    """A case's mask and paged-cache columns: ``model``, ``window`` (``[left, right]`` as the struct
+    ``left`` / ``right``), ``softcap``, ``segments``, ``sinks``, ``page_size``, ``pages``, ``pool_pages``;
+    null where the case (or a run from before masks or paged caches) has none."""
     window = case.get("window")
     return {"model": case.get("model"),
             "window": None if window is None else {"left": window[0], "right": window[1]},
-            "softcap": case.get("softcap"), "segments": case.get("segments"), "sinks": case.get("sinks")}
+            "softcap": case.get("softcap"), "segments": case.get("segments"), "sinks": case.get("sinks"),
+            "page_size": case.get("page_size"), "pages": case.get("pages"), "pool_pages": case.get("pool_pages")}
 
 
 def benchmark_rows(acc: Accepted) -> list[dict[str, Any]]:
@@ -142,7 +145,9 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
                      "isolation": card.get("isolation"), "memory_limit": card.get("memory_limit"),
                      # declared features graded on top of the base contract ([]: base only); null in runs
                      # graded before features existed
-                     "features": card.get("features"), "programs": card.get("programs")}
+                     "features": card.get("features"), "programs": card.get("programs"),
+                     # the contract graded (grading.candidates.CONTRACTS); a scorecard naming none: attention
+                     "contract": card.get("contract") or "attention"}
         checks = [{"check": c["name"], "passed": c["passed"], "points": c["points"], "max_points": c["max_points"],
                    "detail": c["detail"], "error": c.get("error"), "tolerance": c.get("tolerance"),
                    "baseline_error": c.get("baseline_error")} for c in card["checks"]]
@@ -156,7 +161,7 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
                 **base, **empty_check, "row_kind": "power", "candidate": entry["candidate"],
                 "kind": entry.get("kind"), "measured": entry["candidate"] == doc["measured_candidate"],
                 "candidate_passed": None, "score": None, "max_score": None, "candidate_error": None,
-                "isolation": None, "memory_limit": None, "features": None, "programs": None,
+                "isolation": None, "memory_limit": None, "features": None, "programs": None, "contract": None,
                 "trials": entry.get("trials"), "rejected": entry.get("rejected"),
                 "rejected_by": [{"check": name, "count": by[name]} for name in sorted(by)],
                 "expected": entry.get("expected"), "intended_checks": entry.get("intended_checks"),

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from ..measure import environment
 from ..records import rawio
 from ..bench.benchmark import BenchmarkResult, run_benchmark
-from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, Profile, default_profile, get_profile
+from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, PAGED_SCOPES, Profile, default_profile, get_profile
 
 INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say nothing about kernel "
                      "speed, only that the kernel runs.")
@@ -59,8 +59,14 @@ def _settings(out: Path | None, profile: str | None, warmups: int | None, sample
     return platform, prof, warmups, samples
 
 
-def measured_candidates(profile: Profile, scopes: Sequence[str]) -> tuple[str, list[str]]:
-    """The candidate whose checks decide the run, and every measured kernel's candidate name."""
+def measured_candidates(profile: Profile, scopes: Sequence[str], platform: str | None = None
+                        ) -> tuple[str, list[str]]:
+    """The candidate whose checks decide the run, and every measured kernel's candidate name: each kernel
+    the scopes time on ``platform`` (default: this host's backend) is graded under the name the registry
+    gives it (``Implementation.grading_name``), so the graded kernel is the timed one; the paged kernel
+    of ``paged-decode`` (``paged-pallas``, ``paged-triton`` on a GPU) on the paged contract."""
+    from kernel_src import registry
+
     kernels = []
     if {"softmax", "attention"} & set(scopes):
         kernels.append("pallas")
@@ -69,6 +75,10 @@ def measured_candidates(profile: Profile, scopes: Sequence[str]) -> tuple[str, l
         kernels.append("flash")
     if "sharded" in scopes and profile.sharded_kernel == "pallas" and "pallas" not in kernels:
         kernels.append("pallas")
+    for scope in PAGED_SCOPES:
+        if scope in scopes:
+            kernels += [impl.grading_name for impl in registry.for_scope(scope, platform or jax.default_backend())
+                        if impl.kind == "kernel" and impl.grading_name]
     kernels = kernels or ["reference"]
     return kernels[0], kernels
 
@@ -80,8 +90,9 @@ def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
 
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
           known_bad: Sequence[str] | None = None, kernel_level: str = "full") -> list[dict[str, Any]]:
-    """Scorecards of ``kernels`` at the full level (every feature they declare) and of the known-bad
-    candidates (default: every built-in one; ``()``: none) at the quick level (the base contract and the
+    """Scorecards of ``kernels`` at the full level (every feature they declare; a paged kernel on the paged
+    contract, as ``grading.rubric`` grades every paged built-in) and of the known-bad candidates (default:
+    every built-in one, the paged ones where a paged kernel is graded; ``()``: none) at the quick level (the base contract and the
     features their intended checks grade), each candidate in its own worker process; every scorecard
     says its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
     kernels' verdict is the one that counts, so it gets the model-sized problems.
@@ -93,8 +104,11 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
         from ..grading import candidates, rubric
         from kernel_src.contract import FEATURES
 
-        if known_bad is None:
-            known_bad = [name for name, c in candidates.BUILTIN.items() if c.kind == "known-bad"]
+        if known_bad is None:  # the dense ones, and the paged ones where a paged kernel is graded
+            paged = any(name in candidates.PAGED_BUILTIN for name in kernels)
+            known_bad = [name for name, c in [*candidates.BUILTIN.items(),
+                                              *(candidates.PAGED_BUILTIN.items() if paged else ())]
+                         if c.kind == "known-bad"]
         names = list(dict.fromkeys([*kernels, *known_bad]))
         levels = {name: kernel_level if name in kernels else "quick" for name in names}
         # A known-bad is graded on the base contract and the feature its bug is in (its intended checks),
@@ -125,8 +139,9 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
       profile: ``cpu``, ``tiny``, ``tpu-v5e`` or ``gpu``; default from the platform.
       warmups, samples: per case; the profile's defaults (5 and 20) when ``None``.
       scopes: subset of ``bench.cases.SCOPES`` (``softmax``, ``attention``, ``flash``, ``sharded``,
-        the masks models run, ``masks-fwd``, ``masks-fwd-bwd``, and on a TPU or GPU the
-        model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's defaults when ``None``.
+        the masks models run, ``masks-fwd``, ``masks-fwd-bwd``, the paged decode step ``paged-decode``,
+        and on a TPU or GPU the model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's defaults
+        when ``None``.
       seed: inputs, bootstrap resampling and the rubric.
       power_seeds: seeds for the rubric's grader-power summary; 0 records ``power: null``.
       known_bad: also grade every known-bad built-in (quick level); the profile's

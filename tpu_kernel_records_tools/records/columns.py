@@ -35,6 +35,7 @@ _TIMING = "a published summary (it printed medians only)"
 _NO_PEAK = "a published summary, or a device whose peak is not known"
 _NO_PAIR = "the case is no pair's numerator (e.g. the XLA case itself)"
 _NO_MASK = "not a `masks-*` case, or a record from before masks existed"
+_NO_PAGED = "not a `paged-decode` case, or a record from before paged caches existed"
 
 BENCHMARK = {
     **_RECORD,
@@ -44,26 +45,36 @@ BENCHMARK = {
                      "for a transcription)", NEVER),
     "case_id": ("—", "the case, unique in its record, e.g. `attention-pallas-s2048`", NEVER),
     "scope": ("—", "what is timed: `softmax`, `attention`, `flash`, `sharded`, `model-fwd`, `model-fwd-bwd`, "
-                   "`masks-fwd`, `masks-fwd-bwd`", NEVER),
+                   "`masks-fwd`, `masks-fwd-bwd`, `paged-decode` (one decode step over a paged KV cache)", NEVER),
     "implementation": ("—", "`xla` (the pure-JAX reference), `pallas`, `flash`, `flash-triton`, `cudnn`, "
-                            "`submitted`, or `<impl>@<devices>` in the sharded scope", NEVER),
+                            "`submitted`, or `<impl>@<devices>` in the sharded scope; `paged-decode`: `paged-xla` "
+                            "(gather-then-attend reference), `paged-pallas`, `paged-triton`, `jax-paged` (JAX's "
+                            "`paged_attention`)", NEVER),
     "seq_len": ("tokens", "the sequence length the case is named by", NEVER),
     **_SHAPE,
     "dtype": ("—", "input dtype (`bfloat16` or `float32`); logits and statistics are fp32", NEVER),
     "causal": ("—", "bottom-right aligned causal mask", "a published summary that does not state it"),
     "padded": ("—", "whether `kv_lengths` padding was passed", "a published summary that does not state it"),
     "model": ("—", "scopes `masks-fwd` / `masks-fwd-bwd`: the model whose attention mask the case runs "
-                   "(`mistral-7b`, `gemma-2-9b`, `gpt-oss-20b`, `packed`; `-tiny` at the CPU profiles' sizes)",
-              _NO_MASK),
+                   "(`mistral-7b`, `gemma-2-9b`, `gpt-oss-20b`, `packed`); `paged-decode`: the model whose heads "
+                   "(and window) the decode step has (`llama-3-8b`, `mistral-7b`); `-tiny` at the CPU profiles' "
+                   "sizes", f"not a `masks-*` or `paged-decode` case, or a record from before them"),
     "window": ("tokens", "the sliding window `window_size` as `left` / `right`: key `j` is visible to the row at "
                          "position `p` iff `p - left <= j <= p + right` (a side null: unbounded); a model's "
-                         "`sliding_window = W` is `left = W - 1, right = 0`", f"{_NO_MASK}, or its mask has no window"),
+                         "`sliding_window = W` is `left = W - 1, right = 0`",
+               "not a `masks-*` or `paged-decode` case, or a record from before them, or no window"),
     "softcap": ("—", "the logit soft-cap: `s = softcap * tanh(s / softcap)` before masking",
                 f"{_NO_MASK}, or no soft-cap"),
     "segments": ("count", "packed rows: documents per row, passed as segment ids (a query sees only keys of its "
                           "document)", f"{_NO_MASK}, or rows of one sequence (no segment ids)"),
     "sinks": ("—", "true: one sink logit per query head joins each row's softmax (its gradient is in the "
                    "backward)", f"{_NO_MASK}, or no sinks"),
+    "page_size": ("tokens", "keys per page of the paged KV cache: key `j` of a sequence is slot `j % page_size` of "
+                            "the page its table names at entry `j // page_size`", _NO_PAGED),
+    "pages": ("count", "page-table entries per sequence (`kv_len / page_size`: the longest sequence's pages; "
+                       "shorter ones use fewer)", _NO_PAGED),
+    "pool_pages": ("count", "pages in the pool the tables point into (each sequence's pages distinct and in a "
+                            "random order)", _NO_PAGED),
     "devices_used": ("count", "devices this case ran on", NEVER),
     "status": ("—", "`ok`, or `failed` (then `error` says why; an accepted record has only `ok`)", NEVER),
     "error": ("—", "why the case failed", "the case succeeded"),
@@ -89,7 +100,9 @@ BENCHMARK = {
                       "count nothing (derived from the mask exactly); backward 2.5x the forward",
               "a published summary"),
     "bytes_moved": ("bytes", "least bytes one call must move to and from device memory (every input read and "
-                             "every output written once)", "a published summary"),
+                             "every output written once); `paged-decode`: the K/V actually read (each key a new "
+                             "row sees, its K and V once) plus q and the output, derived from the case's lengths "
+                             "exactly", "a published summary"),
     "tflops": ("TFLOP/s", "`flops / median`", "a published summary"),
     "gbps": ("GB/s", "`bytes_moved / median`", "a published summary"),
     "peak_flops_fraction": ("fraction", "`tflops` over the device's peak", _NO_PEAK),
@@ -149,6 +162,10 @@ CORRECTNESS = {
                       "the base contract only", f"{_CHECK}, or a run graded before features existed (those "
                                                  "graded the base contract only)"),
     "programs": ("—", "sha256 of every exported program the grade could call", NOT_SUBMITTED),
+    "contract": ("—", "the contract the candidate was graded on: `attention` (dense K/V) or `paged` "
+                      "(`paged_attention` over a page table and a pool; its checks are named `paged-*`); a "
+                      "scorecard that names none (graded before paged caches existed) was graded on `attention`",
+                 _CHECK),
     "check": ("—", "the check's name (e.g. `causal-leak`, `gradients`)", f"{_CHECK}, or a candidate that could "
                                                                           "not be loaded"),
     "passed": ("—", "the check passed", _CHECK),

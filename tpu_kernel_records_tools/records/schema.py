@@ -17,7 +17,10 @@ the parquet files themselves, so nothing here is declared a second time.
   ``submission_spec`` / ``submission_file_sha256`` (environment); other records leave them null.
   A ``masks-*`` case fills ``model``, ``window`` (a struct ``left`` / ``right``), ``softcap``,
   ``segments`` and ``sinks`` where its mask has them; every other row, and every record from before
-  they existed, leaves them null.
+  they existed, leaves them null. A ``paged-decode`` case fills ``page_size``, ``pages`` and
+  ``pool_pages`` (and ``model``, ``window``); others leave them null. A correctness check row's
+  ``contract`` is ``attention`` or ``paged`` (a scorecard naming none was graded on ``attention``);
+  a power row's is null.
 """
 
 from __future__ import annotations
@@ -80,7 +83,7 @@ FEATURES: dict[str, pa.Schema] = {
         **_RECORD, device_kind=_str, device_count=_int, profile=_str,
         case_id=_str, scope=_str, implementation=_str, seq_len=_int, **_SHAPE,
         dtype=_str, causal=_bool, padded=_bool, model=_str, window=WINDOW, softcap=_float, segments=_int,
-        sinks=_bool, devices_used=_int,
+        sinks=_bool, page_size=_int, pages=_int, pool_pages=_int, devices_used=_int,
         status=_str, error=_str, warmups=_int, samples_per_case=_int, num_samples=_int,
         samples_ms=_list(_float),
         transfer_ms=_float, lower_ms=_float, compile_ms=_float,
@@ -97,7 +100,7 @@ FEATURES: dict[str, pa.Schema] = {
         **_RECORD, seed=_int, row_kind=_str,
         candidate=_str, kind=_str, measured=_bool, candidate_passed=_bool, score=_float,
         max_score=_float, candidate_error=_str, isolation=_str, memory_limit=_str, features=_list(_str),
-        programs=_list(_str),
+        programs=_list(_str), contract=_str,
         check=_str, passed=_bool, points=_float, max_points=_float, detail=_str,
         error=_float, tolerance=_float, baseline_error=_float,
         trials=_int, rejected=_int, rejected_by=_list(_struct(check=_str, count=_int)),
