@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import sweep_tasks
-from tpu_kernel_records_tools.grading import calibration, power, sweep
+from tpu_kernel_records_tools.grading import power, sweep
 from tpu_kernel_records_tools.grading.candidates import resolve
 
 
@@ -80,24 +80,6 @@ def test_a_file_of_another_sweep_or_one_that_exists_is_refused(tmp_path, attempt
     with pytest.raises(FileExistsError, match="--resume"):
         sweep.run([("ok", 0)], level="quick", out=out, workers=0, task=sweep_tasks.fake_trial)
     assert attempts("ok", 0) == 0
-
-
-def test_the_calibration_table_follows_from_the_trials():
-    tasks = calibration.calibration_tasks(2, ["a", "b"])
-    assert tasks == [("a", 0), ("b", 0), ("a", 1000), ("b", 1000), ("a", 1), ("b", 1), ("a", 1001), ("b", 1001)]
-    trials = [dict(sweep_tasks.record(n, s), groups={"forward/bfloat16": [0.1, 2.0 if s < 1000 else 3.0, 0.0],
-                                                     "gradient/float32": [0.1, 4.1, 0.0]}) for n, s in tasks]
-    trials[-1]["passed"] = False
-    s = calibration.summary(trials)
-    assert s["rule"] == {"forward": 3, "gradient": 6}  # ceil(1.25 x 2.0), ceil(1.25 x 4.1)
-    assert s["held_out_largest"] == {"forward": 3.0, "gradient": 4.1} and s["held_out_rejects"] == 1
-    assert s["sets"]["calibration"]["a"]["seeds"] == [0, 1]
-    table = calibration.report(trials, [{"candidate": "a", "seed": 7, "error": "KilledWorker"}])
-    assert "| b | 2.00 / 4.10 | 3.00 / 4.10 | 0 + 1 |" in table
-    assert "within the policy" in table and "a seed 7: KilledWorker" in table
-    trials[0]["groups"]["gradient/float32"][1] = 9.0
-    over = [dict(t, seed=t["seed"] + 1000) for t in trials]
-    assert "OVER the policy" in calibration.report(over)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,14 +1,21 @@
-"""``tpu-kernel-records calibrate``: the tolerance calibration (``grading.calibration``) as a sweep."""
+"""``tpu-kernel-records calibrate``: the tolerance calibration (``grading.calibration``), in pieces.
+
+A run grades what the trials file lacks (``--resume``) until ``--max-minutes`` have passed, then writes the
+report from every trial the file holds; ``--report-only`` writes it without grading. For a long run in the
+background on a shared machine::
+
+    nohup nice -n 19 tpu-kernel-records calibrate --resume --max-minutes 150 --quiet > calibration.log 2>&1 &
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
-from ..cli.rubric import (EXIT_FAILED, EXIT_OK, EXIT_USAGE, add_sweep_options, isolation_allowed, run_sweep,
-                         write_atomic)
+from ..cli.rubric import EXIT_FAILED, EXIT_OK, EXIT_USAGE, isolation_allowed, write_atomic
 from ..grading.candidates import CandidateSpecError, resolve
 from ..grading.isolation import CHOICES
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
@@ -16,58 +23,111 @@ from ..grading.runner import DEFAULT_TIME_LIMIT_S
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``calibrate`` to ``tpu-kernel-records``."""
-    from ..grading.calibration import HELD_OUT_FIRST_SEED
+    from ..grading.calibration import HELD_OUT_FIRST_SEED, KERNEL_SEEDS, KERNELS, REPORT_PATH, TRIALS_PATH
 
     p = subparsers.add_parser(
         "calibrate", help="calibrate the tolerance: needed k of correct candidates over many seeds",
-        description=f"Grade the correct built-ins (or the --candidate ones) at the full level on N calibration "
-                    f"seeds (0..N-1) and N held-out seeds ({HELD_OUT_FIRST_SEED}..), as one sweep (a Dask "
-                    f"cluster by default; --workers 0 serially), and print the table of grading/tolerance.py: "
-                    f"needed k per candidate and set, false rejects, and the k the rule gives. Measured on "
-                    f"CPU: numerics, not speed. Exit: 0 no false reject and held-out needs within the policy; "
-                    f"1 otherwise or a trial not graded; 2 usage.",
-        epilog="Example: tpu-kernel-records calibrate --seeds 200 --trials calibration.jsonl --resume "
-               "--markdown calibration.md")
+        description=f"Measure the needed k of the correct built-ins (or the --candidate ones) at the full level on "
+                    f"N calibration seeds (0..N-1) and N held-out seeds ({HELD_OUT_FIRST_SEED}..): each trial runs "
+                    f"the checks that judge against the float64 truth, on the problems a full scorecard of the "
+                    f"seed draws, a built-in in this process and a file or module candidate in its sandbox. "
+                    f"Trials are appended to --trials as they finish; the table of grading/tolerance.py is written "
+                    f"to --markdown from every trial the file holds. Measured on CPU: numerics, not speed. Exit: 0 "
+                    f"no false reject and held-out needs within the policy; 1 otherwise, or trials left to grade; "
+                    f"2 usage.",
+        epilog="Example, in pieces in the background: nohup nice -n 19 tpu-kernel-records calibrate --resume "
+               "--max-minutes 150 --quiet > calibration.log 2>&1 &")
     p.add_argument("--seeds", type=int, default=200, metavar="N", help="seeds per set (default 200)")
     p.add_argument("--candidate", action="append", default=[], metavar="NAME_OR_PATH",
                    help="a correct candidate (repeat); default every built-in of kind reference or correct-variant")
+    p.add_argument("--kernels", action="store_true",
+                   help=f"also the kernels {', '.join(KERNELS)} (interpret mode on CPU), on their first "
+                        f"--kernel-seeds seeds of each set")
+    p.add_argument("--kernel-seeds", type=int, default=KERNEL_SEEDS, metavar="M",
+                   help=f"seeds per set for the kernels (default {KERNEL_SEEDS})")
     p.add_argument("--quick", action="store_true", help="the quick level (toy shapes, for trying it out)")
+    p.add_argument("--trials", type=Path, default=TRIALS_PATH, metavar="JSONL",
+                   help=f"the trials file, one JSON line per trial (default {TRIALS_PATH})")
+    p.add_argument("--resume", action="store_true", help="go on with the trials file: grade only what it lacks")
+    p.add_argument("--max-minutes", type=float, metavar="MINUTES",
+                   help="start no trial after this many minutes; the report covers what the file holds")
+    p.add_argument("--report-only", action="store_true", help="grade nothing: write the report from the trials file")
+    p.add_argument("--markdown", type=Path, default=REPORT_PATH, metavar="PATH",
+                   help=f"the report (default {REPORT_PATH})")
+    p.add_argument("--json", type=Path, metavar="PATH", help="also write the summary (grading.calibration.summary)")
     p.add_argument("--timeout", dest="time_limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS",
-                   help=f"wall-clock limit of each scorecard's worker (default {DEFAULT_TIME_LIMIT_S:g})")
-    p.add_argument("--markdown", type=Path, metavar="PATH", help="also write the table here")
-    p.add_argument("--json", type=Path, metavar="PATH", help="write the summary (grading.calibration.summary)")
+                   help=f"wall-clock limit of a sandboxed candidate's worker per trial (default {DEFAULT_TIME_LIMIT_S:g})")
     p.add_argument("--isolation", choices=CHOICES, default="auto",
-                   help="where each worker runs (as for grade): auto is bubblewrap for a file or module candidate")
+                   help="where a file or module candidate's worker runs (as for grade); built-ins run in-process")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_sweep_options(p)
+    # Kept for the commands of docs/DEVELOPING.md: a calibration now runs serially in this process.
+    p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--scheduler", help=argparse.SUPPRESS)
     p.set_defaults(func=_calibrate)
 
 
-def _calibrate(args: argparse.Namespace) -> int:
-    from ..grading.calibration import calibration_tasks, correct_candidates, report, summary
+def compute_on_cpu() -> None:
+    """Calibrate on the CPU, with the compile options a grading worker on a CPU uses (``grading.worker``), as
+    long as JAX's backend has not started in this process (it has not when the command starts)."""
+    from ..grading.candidates import CPU_COMPILE_OPTIONS
+    from ..grading.worker import _add_xla_flags
 
-    if args.seeds < 1:
-        print("tpu-kernel-records calibrate: --seeds must be >= 1", file=sys.stderr)
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    if os.environ["JAX_PLATFORMS"].strip().lower() == "cpu":
+        _add_xla_flags(CPU_COMPILE_OPTIONS)
+
+
+def _calibrate(args: argparse.Namespace) -> int:
+    from ..grading import calibration as cal
+
+    level = "quick" if args.quick else "full"
+    if args.seeds < 1 or args.kernel_seeds < 0 or (args.max_minutes is not None and args.max_minutes <= 0):
+        print("tpu-kernel-records calibrate: --seeds must be >= 1, --kernel-seeds >= 0, --max-minutes > 0",
+              file=sys.stderr)
         return EXIT_USAGE
-    try:
-        cands = [resolve(c) for c in (args.candidate or correct_candidates())]
-    except CandidateSpecError as e:
-        print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
-        return EXIT_USAGE
-    if not isolation_allowed(args.isolation, cands):
-        return EXIT_USAGE
-    names = [c.name for c in cands]
-    done = run_sweep(args, calibration_tasks(args.seeds, names), "calibration")
-    if done is None:
-        return EXIT_USAGE
-    table = report(done.trials, done.failed, "quick" if args.quick else "full")
+    if args.scheduler or args.workers:
+        print("tpu-kernel-records calibrate: note: trials run serially in this process (--workers and "
+              "--scheduler are ignored); run pieces with --resume and --max-minutes", file=sys.stderr)
+    notes: list[str] = []
+    if args.report_only:
+        try:
+            trials, notes = cal.read_trials(args.trials, level)
+        except (OSError, ValueError) as e:
+            print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        remaining = 0
+    else:
+        try:
+            cands = [resolve(c) for c in (args.candidate or cal.correct_candidates())]
+            cands += [resolve(k) for k in cal.KERNELS if args.kernels and k not in {c.name for c in cands}]
+        except CandidateSpecError as e:
+            print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        if not isolation_allowed(args.isolation, [c for c in cands if cal.BUILTIN.get(c.name) is not c]):
+            return EXIT_USAGE
+        compute_on_cpu()
+        tasks = cal.calibration_tasks(args.seeds, [c.name for c in cands], args.kernel_seeds)
+        try:
+            done = cal.run(tasks, level=level, out=args.trials, resume=args.resume, progress=not args.quiet,
+                           budget_s=None if args.max_minutes is None else 60 * args.max_minutes,
+                           time_limit_s=args.time_limit, isolation=args.isolation)
+        except (FileExistsError, ValueError) as e:
+            print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
+            return EXIT_USAGE
+        trials, notes, remaining = done.trials, done.notes, done.remaining
+        if remaining:
+            notes = [*notes, f"{remaining} of {len(tasks)} trials not graded yet (the --max-minutes budget ran "
+                             f"out); `tpu-kernel-records calibrate --resume` goes on"]
+    for note in notes:
+        print(f"tpu-kernel-records calibrate: {note}", file=sys.stderr)
+    table = cal.report(trials, level=level, notes=notes)
     print(table, end="")
     if args.markdown:
         write_atomic(args.markdown, table)
-    result = summary(done.trials)
+    result = cal.summary(trials)
     if args.json:
         write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     pol, held = result["policy"], result["held_out_largest"]
     rejects = sum(e["rejects"] for which in result["sets"].values() for e in which.values())
-    ok = not done.failed and rejects == 0 and held["forward"] <= pol["forward"] and held["gradient"] <= pol["gradient"]
+    ok = not remaining and rejects == 0 and held["forward"] <= pol["forward"] and held["gradient"] <= pol["gradient"]
     return EXIT_OK if ok else EXIT_FAILED

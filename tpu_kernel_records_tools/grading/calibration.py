@@ -1,44 +1,365 @@
 """Calibrate the tolerance policy: how large must ``k`` be for correct candidates never to be rejected?
 
-``tpu-kernel-records calibrate --seeds 200`` grades the correct candidates (``reference`` and every
-built-in of kind correct-variant, or those named) at the full level on ``seeds`` *calibration* seeds
-(``0, 1, ...``) and as many *held-out* seeds (``HELD_OUT_FIRST_SEED, ...``), with the same checks and
-tolerance as any scorecard, as a sweep (``grading.sweep``: serial, on a local Dask cluster or a remote
-one; streamed to JSON Lines and resumable). :func:`report` turns the trials into the table of
-``grading/tolerance.py``: per candidate the largest needed ``k`` (forward / gradient) over each set,
-the false rejects in each, and what the rule "k = RULE_MARGIN x the largest needed value on the
+``tpu-kernel-records calibrate`` measures, for the correct candidates (``reference`` and every built-in of
+kind correct-variant, or those named; ``--kernels`` adds the Pallas and Triton flash kernels in interpret
+mode on their first ``--kernel-seeds``), the *needed k* on ``seeds`` *calibration* seeds (``0, 1, ...``)
+and as many *held-out* seeds (``HELD_OUT_FIRST_SEED, ...``), and :func:`report` turns the trials into the
+table of ``grading/tolerance.py``: per candidate the largest needed ``k`` (forward / gradient) over each
+set, the false rejects in each, and what the rule "k = RULE_MARGIN x the largest needed value on the
 calibration seeds, rounded up" gives against the policy. Measured on CPU (numerics are valid there; no
 speed is implied).
+
+**A trial** (:func:`seed_trials`) computes what the needed k depends on and nothing else: every check of
+the full level whose outcome holds tolerance verdicts (the candidate's errors against the float64 truth
+over the reference's errors; ``NUMERIC_CHECKS``: every base check but output-shape-dtype and determinism,
+and each declared feature's check), run as the rubric runs them, on the very problems a full-level
+scorecard of that seed draws: the checks build them (``grading.checks.problems``), so shapes, values,
+dtypes and flags cannot differ (``tests/test_calibration.py`` compares them problem by problem, and the
+needed k with a full scorecard's). The trials of one seed are batched: the seed's problems, truth and
+baselines are computed once, before its first candidate, and shared by all. A built-in (our own code)
+is called in this process through the worker's own request handler (``grading.worker``: the same
+calls, the same results as in its worker process), so its jitted functions and their compiled programs
+live across seeds (XLA caches them by shape: the fixed-size slots compile once per run). A file or
+module candidate is graded as any scorecard is, in its sandboxed worker (``grading.rubric``), unchanged.
+
+**Cost** (CPU seconds, ``cpu_s`` and ``shared_cpu_s`` of each trial record, summed by the report; a loaded
+2-core machine, jax 0.10.2; ``tpu-kernel-records calibrate --seeds 3 --trials /tmp/c.jsonl --markdown
+/tmp/c.md``, the five pure-JAX correct built-ins, seeds 0-2 and 1000-1002): about 33 CPU-s per
+candidate-seed, 6-7 of them the seed's shared problems, truth and baselines (about 35 CPU-s a seed, for
+all its candidates), the rest the candidate's: 20-25 compiling its programs for the seed's shapes and
+6-10 running them (the same calls a second time, compiled, take that long). The goal of <= 3 CPU-s per
+candidate-seed is not reached: running the full level's problems once (2,300 x 2,800 prefill, 131k-key
+caches, 64 heads) costs more than that even compiled, and every seed draws new shapes. Compile options
+that compile faster change the results (``xla_backend_optimization_level=0`` changed flash-style's bits)
+and so are not used. At about 33 CPU-s, 200 + 200 seeds of five candidates are about 18 CPU-hours: a
+run of ``--max-minutes 150`` under ``nice`` covers about 25-35 seeds' worth on a shared 2-core machine,
+and ``--resume`` continues.
+
+**The sweep** (:func:`run`) goes seed by seed (calibration and held-out seeds alternate, so a partial run
+holds both), appends each trial to a JSON Lines file as it finishes (``grading.trials_file``: a killed
+run loses at most the trial in progress; a cut-off last line is dropped and reported, and its trial
+graded again), skips on ``resume`` every trial the file holds (none is graded twice), and stops cleanly
+once ``budget_s`` has passed (before the next trial). The report is regenerated from whatever trials the
+file holds (``--report-only`` grades nothing), and says how many seeds of each set it covers.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Sequence
+import resource
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
 
-from ..grading.candidates import BUILTIN
+from ..grading import checks as C
+from ..grading import power
+from ..grading.candidates import BUILTIN, Candidate, resolve
+from ..grading.feature_checks import FEATURE_CHECKS
+from ..grading.problems import Problem
+from ..grading.runner import CandidateFailure, Runner
 from ..grading.tolerance import POLICY
+from ..grading.trials_file import TrialsFile
+from kernel_src.contract import FEATURES
 
 HELD_OUT_FIRST_SEED = 1000
 RULE_MARGIN = 1.25
+FORMAT = 2
+# Where the committed calibration lives (relative to the checkout, as ``data`` is for ``verify``). Not under
+# data/: every file there is checksummed by data/SHA256SUMS and traces back to a run folder in data/raw/.
+CALIBRATION_DIR = Path("calibration")
+TRIALS_PATH = CALIBRATION_DIR / "trials.jsonl"
+REPORT_PATH = CALIBRATION_DIR / "REPORT.md"
+KERNELS = ("pallas", "flash", "flash-triton")  # interpret mode on CPU: minutes per seed, so fewer seeds
+KERNEL_SEEDS = 10
+# Checks whose outcome holds no tolerance verdict: the needed k does not depend on them.
+NO_VERDICTS = ("output-shape-dtype", "determinism")
+
+
+def numeric_checks(features: Sequence[str] = ()) -> tuple[C.CheckSpec, ...]:
+    """The checks a calibration trial runs for a candidate that declares ``features``: those of the full
+    grade (``grading.rubric.checks_for``) that judge against the float64 truth."""
+    return tuple(s for s in (*C.CHECKS, *(FEATURE_CHECKS[f] for f in features)) if s.name not in NO_VERDICTS)
 
 
 def correct_candidates() -> list[str]:
-    """The built-ins a calibration grades by default: the reference and every correct variant."""
+    """The built-ins a calibration grades by default: the reference and every correct variant (pure JAX)."""
     return [n for n, c in BUILTIN.items() if c.kind in ("reference", "correct-variant")]
 
 
-def calibration_tasks(seeds: int, candidates: Sequence[str]) -> list[tuple[str, int]]:
-    """Every ``(candidate, seed)``: calibration and held-out seeds alternate, so a partial run holds both."""
+def calibration_seeds(seeds: int) -> list[int]:
+    """``0..seeds-1`` and ``HELD_OUT_FIRST_SEED..``, alternating, so a partial run holds both sets."""
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    order = [s for pair in zip(range(seeds), range(HELD_OUT_FIRST_SEED, HELD_OUT_FIRST_SEED + seeds)) for s in pair]
-    return [(name, seed) for seed in order for name in candidates]
+    return [s for pair in zip(range(seeds), range(HELD_OUT_FIRST_SEED, HELD_OUT_FIRST_SEED + seeds)) for s in pair]
+
+
+def calibration_tasks(seeds: int, candidates: Sequence[str], kernel_seeds: int | None = None,
+                      kernels: Sequence[str] = KERNELS) -> list[tuple[str, int]]:
+    """Every ``(candidate, seed)``, seed-major; the ``kernels`` among ``candidates`` only on the first
+    ``kernel_seeds`` of each set (default: all)."""
+    few = seeds if kernel_seeds is None else min(seeds, kernel_seeds)
+    return [(name, seed) for seed in calibration_seeds(seeds) for name in candidates
+            if name not in kernels or seed % HELD_OUT_FIRST_SEED < few]
 
 
 def _set(seed: int) -> str:
     return "held-out" if seed >= HELD_OUT_FIRST_SEED else "calibration"
 
+
+def _cpu_s(children: bool = False) -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN if children else resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+# --------------------------------------------------------------------------------------------------
+# A trial: one candidate's numeric checks on one seed, the seed's problems shared by its candidates.
+
+class InProcessRunner(Runner):
+    """``grading.runner.Runner`` whose requests go to the worker's own handler (``grading.worker._Server``)
+    in this process: for the project's built-ins only (our code; a stranger's never runs here)."""
+
+    def __init__(self, candidate: Candidate):
+        if BUILTIN.get(candidate.name) is not candidate:
+            raise ValueError(f"{candidate.name} is not a built-in: it runs in a sandboxed worker, never in-process")
+        super().__init__(candidate, isolation="in-process")
+        self.server = None
+
+    def start(self) -> str | None:
+        from ..grading.worker import _Server
+
+        self.server = _Server()
+        reply = self.server.load({"op": "load", "spec": self.candidate.name})
+        if not reply.get("ok"):
+            self.down = reply.get("error", "the candidate could not be loaded")
+            return self.down
+        self.features = tuple(reply.get("features") or ())
+        self.down = None
+        return None
+
+    @property
+    def alive(self) -> bool:
+        return self.server is not None and self.down is None
+
+    @property
+    def memory_limit(self) -> str | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+    def _exchange(self, what: str, p, header: dict, arrays: list, count: int):
+        if self.down is not None:
+            raise CandidateFailure(f"not run: {self.down}")
+        try:
+            reply, results = self.server.call(header, arrays)
+        except Exception as e:  # the worker reports a raising candidate the same way
+            raise CandidateFailure(f"{what}: raised {type(e).__name__}: {str(e)[:300]}") from None
+        if not reply.get("ok"):
+            raise CandidateFailure(f"{what}: {'raised ' if reply.get('raised') else ''}{reply.get('error')}")
+        if reply.get("inputs_modified"):
+            raise CandidateFailure(f"{what}: inputs modified: {', '.join(reply['inputs_modified'])}")
+        if len(results) != count:
+            raise CandidateFailure(f"{what}: the worker returned {len(results)} arrays")
+        return results
+
+
+def seed_problems(seed: int, level: str = "full", features: Sequence[str] = FEATURES,
+                  prepare: bool = True) -> list[Problem]:
+    """Every fresh problem the numeric checks (of a candidate declaring ``features``) draw on ``seed``, as
+    the full grade draws them (the checks' own builders, through ``grading.checks.problems``), in check
+    order; with ``prepare`` their truth and baselines computed."""
+    planning = C._Planning(None, seed, level=level)
+    found: list[Problem] = []
+
+    def walk(x) -> None:
+        if isinstance(x, Problem):
+            if not x.derived:
+                found.append(x)
+        elif isinstance(x, (list, tuple)):
+            for y in x:
+                walk(y)
+
+    for spec in numeric_checks(features):
+        try:
+            spec.run(planning)
+        except Exception:  # noqa: BLE001  _Planned at the first call; anything else the graded run reports
+            pass
+        walk(C._CACHE.get((seed, level, spec.name), []))
+    for p in found if prepare else ():
+        p.prepare()
+    return found
+
+
+def _trial(runner: Runner, cand: Candidate, seed: int, level: str) -> "Scorecard":  # noqa: F821
+    from ..grading.rubric import CheckResult, Scorecard, _finite
+
+    runner.new_scorecard()
+    error = None if runner.alive else runner.start()
+    if error is not None:
+        return Scorecard(cand.name, cand.kind, [CheckResult("load", False, 0.0, 0.0, error)], error=error,
+                         seed=seed, level=level, isolation=runner.isolation)
+    ctx = C.Context(runner, seed, level=level)
+    results, verdicts = [], {}
+    for spec in numeric_checks(runner.features):
+        runner.check = spec.name
+        try:
+            outcome = spec.run(ctx)
+        except CandidateFailure as e:
+            outcome = C.Outcome(False, str(e))
+        except Exception as e:  # noqa: BLE001  as the rubric: never a traceback
+            outcome = C.Outcome(False, f"could not evaluate the candidate's results: {type(e).__name__}: {e}")
+        verdicts[spec.name] = outcome.verdicts
+        results.append(CheckResult(spec.name, outcome.passed, float(spec.points) if outcome.passed else 0.0,
+                                   float(spec.points), outcome.detail, outcome.error, outcome.tolerance,
+                                   outcome.baseline_error))
+    results.append(_finite(runner))
+    return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts,
+                     features=runner.features, isolation=runner.isolation)
+
+
+def _features_of(cands: Sequence[Candidate]) -> tuple[str, ...]:
+    """Every feature some of ``cands`` declares (a stranger's candidate: all, it is not loaded here)."""
+    from kernel_src.contract import declared_features
+
+    found = set()
+    for cand in cands:
+        try:
+            found |= set(declared_features(cand.load())) if BUILTIN.get(cand.name) is cand else set(FEATURES)
+        except Exception:  # noqa: BLE001  a load error is the trial's to report
+            pass
+    return tuple(f for f in FEATURES if f in found)
+
+
+@dataclass
+class Runners:
+    """The in-process runners of built-ins, kept across seeds (their compiled programs with them)."""
+
+    time_limit_s: float | None = None
+    isolation: str = "auto"
+    _kept: dict = field(default_factory=dict)
+
+    def of(self, cand: Candidate) -> InProcessRunner:
+        if cand.name not in self._kept:
+            self._kept[cand.name] = InProcessRunner(cand)
+        return self._kept[cand.name]
+
+
+def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", runners: Runners | None = None,
+                on_trial: Callable[[dict], None] | None = None,
+                stop: Callable[[], bool] = lambda: False) -> list[dict]:
+    """The trial record of each candidate of ``names`` on ``seed`` (``power.trial_record`` plus ``cpu_s``, the
+    candidate's CPU seconds, ``shared_cpu_s``, its share of the seed's problems, truth and baselines, and
+    ``trial``: "numeric" in-process, "scorecard" for a stranger's candidate graded in its sandbox). Each is
+    passed to ``on_trial`` as it finishes; ``stop()`` is asked before each candidate."""
+    from ..grading.rubric import grade_seeds
+
+    runners = runners or Runners()
+    cands = [resolve(n) for n in names]
+    start = _cpu_s()
+    seed_problems(seed, level, _features_of(cands))
+    shared = (_cpu_s() - start) / max(1, len(cands))
+    records = []
+    for cand in cands:
+        if stop():
+            break
+        cpu, children, wall = _cpu_s(), _cpu_s(children=True), time.perf_counter()
+        if BUILTIN.get(cand.name) is cand:
+            card, kind = _trial(runners.of(cand), cand, seed, level), "numeric"
+        else:
+            limit = {} if runners.time_limit_s is None else {"time_limit_s": runners.time_limit_s}
+            (card,) = grade_seeds(cand, [seed], level=level, isolation=runners.isolation, **limit)
+            kind = "scorecard"
+        record = power.trial_record(cand, seed, card, time.perf_counter() - wall)
+        record.update(trial=kind, cpu_s=round(_cpu_s() - cpu + _cpu_s(children=True) - children, 2),
+                      shared_cpu_s=round(shared, 2))
+        records.append(record)
+        if on_trial is not None:
+            on_trial(record)
+    return records
+
+
+# --------------------------------------------------------------------------------------------------
+# The sweep.
+
+def header(level: str) -> dict:
+    """The first line of a calibration's trials file: what its trials mean (a resume must match it)."""
+    return {"sweep": {"format": FORMAT, "kind": "calibration", "level": level, "policy": POLICY.to_dict()}}
+
+
+@dataclass
+class Sweep:
+    """The trials a file holds after a run (task order, then any others it held), what is left, and notes."""
+
+    trials: list[dict] = field(default_factory=list)
+    graded: int = 0           # trials graded by this run
+    remaining: int = 0        # tasks neither in the file nor graded (the budget ran out)
+    notes: list[str] = field(default_factory=list)
+
+
+def read_trials(path: Path, level: str = "full") -> tuple[list[dict], list[str]]:
+    """The trial records of a calibration file and notes on it (a cut-off last line, dropped)."""
+    from ..grading import trials_file
+
+    found = trials_file.read(path)
+    if found.header != header(level):
+        raise ValueError(f"{path} holds another sweep (its first line is not {header(level)})")
+    notes = [] if found.cut_off is None else [_cut_off_note(path, found.cut_off)]
+    return [line["trial"] for line in found.lines if "trial" in line], notes
+
+
+def _cut_off_note(path: Path, cut: str) -> str:
+    return (f"{path}: its last line was cut off ({len(cut)} characters, a run killed while writing it) and is "
+            f"dropped; that trial is graded again on --resume")
+
+
+def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | None = None, resume: bool = False,
+        budget_s: float | None = None, progress: bool = True, time_limit_s: float | None = None,
+        isolation: str = "auto", clock: Callable[[], float] = time.monotonic) -> Sweep:
+    """Grade every ``(candidate, seed)`` of ``tasks`` that ``out`` does not hold yet (see the module doc),
+    serially in this process, seed by seed; stop before the next trial once ``budget_s`` has passed."""
+    from tqdm.auto import tqdm
+
+    log, found = TrialsFile.open(out, header(level), resume)
+    result = Sweep()
+    done: dict[tuple[str, int], dict] = {}
+    if found is not None:
+        for line in found.lines:
+            if "trial" in line:
+                done[(line["trial"]["candidate"], line["trial"]["seed"])] = line["trial"]
+        if found.cut_off is not None:
+            result.notes.append(_cut_off_note(out, found.cut_off))
+    todo = [t for t in tasks if t not in done]
+    deadline = None if budget_s is None else clock() + budget_s
+    runners = Runners(time_limit_s=time_limit_s, isolation=isolation)
+    bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="calibration", unit="trial",
+               disable=not progress)
+
+    def keep(record: dict) -> None:
+        done[(record["candidate"], record["seed"])] = record
+        log.write({"trial": record})
+        result.graded += 1
+        bar.update(1)
+        bar.set_postfix_str(f"seed {record['seed']} {record['candidate']} {record['cpu_s']:.0f}+"
+                            f"{record['shared_cpu_s']:.0f} CPU-s")
+
+    def out_of_time() -> bool:
+        return deadline is not None and clock() >= deadline
+
+    for seed in dict.fromkeys(s for _, s in todo):
+        if out_of_time():
+            break
+        seed_trials(seed, [n for n, s in todo if s == seed], level=level, runners=runners, on_trial=keep,
+                    stop=out_of_time)
+    bar.close()
+    result.remaining = sum(t not in done for t in tasks)
+    wanted = set(tasks)
+    result.trials = [done[t] for t in tasks if t in done] + [r for t, r in done.items() if t not in wanted]
+    return result
+
+
+# --------------------------------------------------------------------------------------------------
+# The table.
 
 def _needed(record: dict, prefix: str) -> float:
     values = [k for group, (_, k, _) in record["groups"].items() if group.startswith(prefix)]
@@ -46,43 +367,59 @@ def _needed(record: dict, prefix: str) -> float:
 
 
 def summary(trials: Sequence[dict]) -> dict:
-    """Per set and candidate: seeds, largest needed k forward / gradient, false rejects; and the rule."""
+    """Per set and candidate: seeds, largest needed k forward / gradient, false rejects (with the trials
+    that were rejected); the rule's k; the held-out seeds' largest needs; seeds and CPU-s per trial."""
     out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient}}
     for record in trials:
         which = out["sets"].setdefault(_set(record["seed"]), {})
-        entry = which.setdefault(record["candidate"], {"seeds": [], "forward": 0.0, "gradient": 0.0, "rejects": 0})
+        entry = which.setdefault(record["candidate"], {"seeds": [], "forward": 0.0, "gradient": 0.0, "rejects": 0,
+                                                       "rejected": []})
         entry["seeds"].append(record["seed"])
         entry["forward"] = max(entry["forward"], _needed(record, "forward"))
         entry["gradient"] = max(entry["gradient"], _needed(record, "gradient"))
-        entry["rejects"] += not record["passed"]
+        if not record["passed"]:
+            entry["rejects"] += 1
+            entry["rejected"].append({"seed": record["seed"], "failed": record.get("failed", []),
+                                      "error": record.get("error")})
     calib = out["sets"].get("calibration", {}).values()
     out["rule"] = {g: math.ceil(RULE_MARGIN * max((e[g] for e in calib), default=0.0)) for g in ("forward", "gradient")}
     held = out["sets"].get("held-out", {}).values()
     out["held_out_largest"] = {g: max((e[g] for e in held), default=0.0) for g in ("forward", "gradient")}
     out["held_out_rejects"] = sum(e["rejects"] for e in held)
+    out["seeds"] = {which: len({s for e in out["sets"].get(which, {}).values() for s in e["seeds"]})
+                    for which in ("calibration", "held-out")}
+    timed = [r for r in trials if "cpu_s" in r]
+    out["cpu_s_per_trial"] = (sum(r["cpu_s"] + r.get("shared_cpu_s", 0.0) for r in timed) / len(timed)
+                              if timed else None)
     return out
 
 
-def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "full") -> str:
-    """The calibration table (Markdown) of ``trials``; tasks that failed are listed, not hidden."""
+def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "full",
+           notes: Sequence[str] = ()) -> str:
+    """The calibration table (Markdown) of ``trials``; rejected trials, tasks that failed and ``notes`` (a
+    cut-off line, trials still to grade) are listed, not hidden."""
     s = summary(trials)
     names = list(dict.fromkeys(r["candidate"] for r in trials))
 
     def seeds_of(which: str) -> str:
         seeds = sorted({x for e in s["sets"].get(which, {}).values() for x in e["seeds"]})
-        return f"{len(seeds)} seeds ({seeds[0]}-{seeds[-1]})" if seeds else "0 seeds"
+        return f"{len(seeds)} {which} seeds" + (f" ({seeds[0]}-{seeds[-1]})" if seeds else "")
 
-    lines = [f"Level {level}, calibration: {seeds_of('calibration')}; held out: {seeds_of('held-out')}. "
-             "Needed k, forward / gradient (largest over the set), and false rejects (measured on CPU).", "",
-             "| Candidate | Calibration k | Held-out k | False rejects (calibration + held-out) |",
-             "|---|---|---|---|"]
+    cost = "" if s["cpu_s_per_trial"] is None else (f" {s['cpu_s_per_trial']:.1f} CPU-s per trial (candidate and "
+                                                    f"seed), the seed's shared truth and baselines included.")
+    lines = [f"Level {level}: {seeds_of('calibration')} and {seeds_of('held-out')}, {len(trials)} trials. "
+             "Needed k, forward / gradient (largest over the set), and false rejects (measured on CPU)." + cost, "",
+             "| Candidate | Calibration seeds | Calibration k | Held-out seeds | Held-out k | "
+             "False rejects (calibration + held-out) |",
+             "|---|---|---|---|---|---|"]
     for name in names:
-        cells, rejects = [], []
+        cells = []
         for which in ("calibration", "held-out"):
             e = s["sets"].get(which, {}).get(name)
-            cells.append(f"{e['forward']:.2f} / {e['gradient']:.2f}" if e else "-")
-            rejects.append(str(e["rejects"]) if e else "-")
-        lines.append(f"| {name} | {cells[0]} | {cells[1]} | {' + '.join(rejects)} |")
+            cells.append((str(len(e["seeds"])) if e else "0", f"{e['forward']:.2f} / {e['gradient']:.2f}" if e else "-",
+                          str(e["rejects"]) if e else "-"))
+        lines.append(f"| {name} | {cells[0][0]} | {cells[0][1]} | {cells[1][0]} | {cells[1][1]} | "
+                     f"{cells[0][2]} + {cells[1][2]} |")
     pol, rule, held = s["policy"], s["rule"], s["held_out_largest"]
     within = held["forward"] <= pol["forward"] and held["gradient"] <= pol["gradient"]
     lines += ["", f"Rule: k = {RULE_MARGIN} x the largest needed value on the calibration seeds, rounded up: "
@@ -90,7 +427,15 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
                   f"{pol['gradient']:g}). Held-out largest: forward {held['forward']:.2f}, gradient "
                   f"{held['gradient']:.2f} ({'within' if within else 'OVER'} the policy); held-out false rejects: "
                   f"{s['held_out_rejects']}."]
+    rejected = [(name, which, r) for which, entries in s["sets"].items() for name, e in entries.items()
+                for r in e["rejected"]]
+    if rejected:
+        lines += ["", f"False rejects ({len(rejected)}): " + "; ".join(
+            f"{name} seed {r['seed']} ({which}): {r['error'] or ', '.join(r['failed']) or 'rejected'}"
+            for name, which, r in rejected)]
     if failed:
         lines += ["", f"Not graded ({len(failed)} tasks failed twice): "
                   + "; ".join(f"{f['candidate']} seed {f['seed']}: {f['error']}" for f in failed)]
+    if notes:
+        lines += ["", *(f"Note: {n}" for n in notes)]
     return "\n".join(lines) + "\n"

@@ -1,0 +1,190 @@
+"""grading.calibration: the trial grades the full grade's numeric problems and gets its needed k; the sweep
+streams, resumes without grading anything twice, survives a cut-off last line, stops on its budget; the
+report counts seeds, states the rule and names every false reject.
+
+The default run fakes the trials (``seed_trials`` replaced) or draws a seed's problems without computing
+them; the slow run grades the reference for real, in-process and in its worker, at the quick level.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tpu_kernel_records_tools.cli.main import main
+from tpu_kernel_records_tools.grading import calibration as cal
+from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading import trials_file
+
+
+def _record(name: str, seed: int, *, forward: float = 1.5, gradient: float = 2.0, passed: bool = True) -> dict:
+    return {"candidate": name, "kind": "correct-variant", "seed": seed, "passed": passed,
+            "failed": [] if passed else ["forward-accuracy"], "error": None, "isolation": "in-process",
+            "seconds": 1.0, "groups": {"forward/float32": [0.3, forward, 0.0], "gradient/bfloat16": [0.4, gradient, 0.0]},
+            "worst_k": max(forward, gradient), "trial": "numeric", "cpu_s": 2.0, "shared_cpu_s": 1.0}
+
+
+@pytest.fixture
+def graded(monkeypatch):
+    """``seed_trials`` replaced by a fake that records every (candidate, seed) it grades."""
+    calls: list[tuple[str, int]] = []
+
+    def fake(seed, names, *, level, runners, on_trial, stop):
+        for name in names:
+            if stop():
+                break
+            calls.append((name, seed))
+            on_trial(_record(name, seed))
+    monkeypatch.setattr(cal, "seed_trials", fake)
+    return calls
+
+
+class Clock:
+    """A clock that moves by ``step`` seconds each time it is read."""
+
+    def __init__(self, step: float):
+        self.now, self.step = 0.0, step
+
+    def __call__(self) -> float:
+        self.now += self.step
+        return self.now
+
+
+def _trials(path: Path) -> list[tuple[str, int]]:
+    return [(line["trial"]["candidate"], line["trial"]["seed"]) for line in trials_file.read(path).lines]
+
+
+def test_a_run_stops_on_its_budget_and_resume_grades_nothing_twice(tmp_path, graded):
+    out = tmp_path / "trials.jsonl"
+    tasks = cal.calibration_tasks(3, ["a", "b"])
+    first = cal.run(tasks, out=out, budget_s=4.5, clock=Clock(1.0), progress=False)
+    assert 0 < first.graded < len(tasks) and first.remaining == len(tasks) - first.graded
+    assert _trials(out) == tasks[:first.graded]
+    with pytest.raises(FileExistsError, match="--resume"):
+        cal.run(tasks, out=out, progress=False)
+    rest = cal.run(tasks, out=out, resume=True, progress=False)
+    assert rest.remaining == 0 and rest.graded == len(tasks) - first.graded
+    assert sorted(graded) == sorted(tasks) and len(graded) == len(set(graded))  # each graded once
+    assert _trials(out) == tasks and [(r["candidate"], r["seed"]) for r in rest.trials] == tasks
+    again = cal.run(tasks, out=out, resume=True, progress=False)
+    assert again.graded == 0 and len(graded) == len(tasks)
+
+
+def test_a_cut_off_last_line_is_dropped_reported_and_graded_again(tmp_path, graded):
+    out = tmp_path / "trials.jsonl"
+    tasks = cal.calibration_tasks(1, ["a", "b"])
+    cal.run(tasks[:3], out=out, progress=False)
+    whole = out.read_bytes()
+    out.write_bytes(whole[:-25])  # the third trial's line, cut off mid-write
+    found = trials_file.read(out)
+    assert found.cut_off is not None and len(found.lines) == 2
+    trials, notes = cal.read_trials(out)
+    assert len(trials) == 2 and "cut off" in notes[0]
+    graded.clear()
+    result = cal.run(tasks, out=out, resume=True, progress=False)
+    assert graded == tasks[2:] and any("cut off" in n for n in result.notes)
+    assert _trials(out) == tasks and trials_file.read(out).cut_off is None  # appended on a line of its own
+    out.write_bytes(whole.replace(b'"seed": 0', b'"seed": 0,,', 1))  # damage before the last line: refused
+    with pytest.raises(ValueError, match="line 2 is not JSON"):
+        cal.run(tasks, out=out, resume=True, progress=False)
+
+
+def test_another_sweeps_file_is_refused(tmp_path, graded):
+    out = tmp_path / "trials.jsonl"
+    out.write_text(json.dumps({"sweep": {"format": 1, "kind": "power", "level": "full", "tasks": 4}}) + "\n")
+    with pytest.raises(ValueError, match="another sweep"):
+        cal.run([("a", 0)], out=out, resume=True, progress=False)
+    assert graded == []
+
+
+def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
+    trials = [_record("a", 0, forward=2.0), _record("b", 0), _record("a", 1, gradient=4.1), _record("b", 1),
+              _record("a", 1000, forward=3.0), _record("a", 1001, passed=False)]
+    table = cal.report(trials, notes=["5 of 8 trials not graded yet"])
+    assert "2 calibration seeds (0-1)" in table and "2 held-out seeds (1000-1001)" in table
+    assert "| a | 2 | 2.00 / 4.10 | 2 | 3.00 / 2.00 | 0 + 1 |" in table
+    assert "| b | 2 | 1.50 / 2.00 | 0 | - | 0 + - |" in table
+    assert "forward 3, gradient 6 (policy: 5, 6)" in table  # ceil(1.25 x 2.0), ceil(1.25 x 4.1)
+    assert "within the policy" in table and "held-out false rejects: 1" in table
+    assert "False rejects (1): a seed 1001 (held-out): forward-accuracy" in table
+    assert "Note: 5 of 8 trials not graded yet" in table and "3.0 CPU-s per trial" in table
+    assert "OVER the policy" in cal.report([_record("a", 1000, gradient=6.5)])
+
+
+def test_the_kernels_get_their_first_seeds_of_each_set():
+    tasks = cal.calibration_tasks(3, ["reference", "flash"], kernel_seeds=1)
+    assert tasks == [("reference", 0), ("flash", 0), ("reference", 1000), ("flash", 1000), ("reference", 1),
+                     ("reference", 1001), ("reference", 2), ("reference", 1002)]
+
+
+def test_report_only_regenerates_the_table_from_the_file_without_grading(tmp_path, graded, capsys):
+    out, md = tmp_path / "trials.jsonl", tmp_path / "report.md"
+    cal.run(cal.calibration_tasks(2, ["a"]), out=out, progress=False)
+    graded.clear()
+    status = main(["calibrate", "--report-only", "--trials", str(out), "--markdown", str(md)])
+    assert status == 0 and graded == []
+    assert "2 calibration seeds (0-1) and 2 held-out seeds (1000-1001), 4 trials" in md.read_text()
+    assert main(["calibrate", "--report-only", "--trials", str(tmp_path / "none.jsonl"),
+                 "--markdown", str(md)]) == 2
+
+
+def test_the_trial_draws_exactly_the_full_levels_numeric_problems(monkeypatch):
+    """What a full grade's checks send to the candidate on a seed (the rubric's own planning, ``plan_ahead``,
+    on a fresh cache) and what the calibration trial draws: the same problems, in the same order, bit for bit
+    (the truth is not computed here: the background threads are switched off)."""
+    monkeypatch.setattr(C, "compute_ahead", lambda found: None)
+    seed = 3
+
+    monkeypatch.setattr(C, "_CACHE", {})
+    C.plan_ahead(seed, "full", cal.numeric_checks(("window",))).join()
+    planned = C._CACHE
+    monkeypatch.setattr(C, "_CACHE", {})
+    ours = cal.seed_problems(seed, "full", ("window",), prepare=False)
+    assert all(p is not q for p in ours for q in planned.values())
+    theirs = []
+    for spec in cal.numeric_checks(("window",)):
+        stack = [planned[(seed, "full", spec.name)]]
+        while stack:
+            x = stack.pop(0)
+            if isinstance(x, (list, tuple)):
+                stack[:0] = list(x)
+            elif hasattr(x, "derived") and not x.derived:
+                theirs.append(x)
+    assert len(ours) == len(theirs) > 60
+    assert {p.slot for p in ours} >= {"longcache", "serve8", "prefill", "exact4096"}  # today's full level
+    for a, b in zip(ours, theirs):
+        assert (a.label, a.dtype, a.key, a.window, a.softcap) == (b.label, b.dtype, b.key, b.window, b.softcap)
+        for name in ("q", "k", "v", "ct"):
+            x, y = getattr(a, name), getattr(b, name)
+            assert (x is None and y is None) or np.array_equal(np.asarray(x), np.asarray(y))
+        assert np.array_equal(a.lengths, b.lengths) if a.lengths is not None else b.lengths is None
+        assert np.array_equal(a.sinks, b.sinks) if a.sinks is not None else b.sinks is None
+    assert "determinism" not in {s.name for s in cal.numeric_checks()} and \
+        "output-shape-dtype" not in {s.name for s in cal.numeric_checks()}
+
+
+def test_a_strangers_candidate_is_never_run_in_process():
+    from tpu_kernel_records_tools.grading.candidates import resolve
+
+    with pytest.raises(ValueError, match="sandboxed worker"):
+        cal.InProcessRunner(resolve("tests/hostile/does_not_matter.py:attention"))
+
+
+@pytest.mark.slow
+def test_the_trials_needed_k_is_the_full_scorecards():
+    """The reference on one seed (quick level: the same code path, a minute less): the calibration trial
+    (numeric checks, in-process) and the rubric's full scorecard (every check, in its worker process) give
+    the same needed k and error/tolerance ratio in every group, and both pass."""
+    from tpu_kernel_records_tools.grading import power
+    from tpu_kernel_records_tools.grading.candidates import resolve
+    from tpu_kernel_records_tools.grading.rubric import grade_seeds
+
+    (trial,) = cal.seed_trials(5, ["reference"], level="quick")
+    (card,) = grade_seeds("reference", [5], level="quick")
+    full = power.trial_record(resolve("reference"), 5, card, 0.0)
+    assert trial["passed"] and full["passed"] and trial["trial"] == "numeric"
+    assert trial["groups"] == full["groups"] and trial["worst_k"] == full["worst_k"]
+    assert trial["cpu_s"] > 0 and trial["shared_cpu_s"] > 0
