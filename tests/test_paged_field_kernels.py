@@ -20,10 +20,11 @@ or token axis, rows with no key zeroed; never the numerics), in TPU interpret mo
 
 Times (a shared 2-core machine at load 7-12; the interpreted kernel compiles a program per shape), quick
 level, seed 0, through the worker: ``jax_paged_attention`` 463 s, ``jax_paged_attention_zeroed_pool`` 389 s,
-``jax_ragged_paged_reference`` 45 s; the tiny cause tests 4-8 s each. So every grade here is slow-marked
-(the default run keeps the two checks of the adapters' declarations and row logic, about 3 s), and the
-full level (seeds 0-2) runs only with ``TPU_KERNEL_RECORDS_FULL_FIELD=1``, like the dense field kernels'
-(not yet run: its expectations are the quick level's).
+``jax_ragged_paged_reference`` 45 s; the tiny cause tests 4-8 s each. So the tiny cause tests are
+slow-marked (the default run keeps the two checks of the adapters' declarations and row logic, about
+3 s), and every grade, quick level and full level (seeds 0-2), runs only with
+``TPU_KERNEL_RECORDS_FULL_FIELD=1``, like the dense field kernels' (the full level not yet run: its
+expectations are the quick level's).
 """
 
 from __future__ import annotations
@@ -152,6 +153,7 @@ PAGED_FAILS = {**{name: NAN_LEAK for name in BASE if name != "paged-output"}, "p
 
 
 @pytest.mark.slow
+@FULL_FIELD
 def test_jax_paged_attention_fails_by_leaking_garbage():
     _grade("jax_paged_attention", "quick", 0, ("softcap",), PAGED_FAILS)
 
@@ -171,6 +173,7 @@ RAGGED_FAILS = {"paged-window": r"raised ValueError: JAX's ragged_paged_attentio
 
 
 @pytest.mark.slow
+@FULL_FIELD
 def test_jax_paged_attention_on_zeroed_pools_fails_only_in_float32():
     """With the NaN leak out of the way (the diagnostic adapter zeroes every slot that holds no key), only the
     float32 problems fail: its pages rounded to bfloat16. paged-long (bfloat16, 33k keys, page indices past
@@ -179,6 +182,7 @@ def test_jax_paged_attention_on_zeroed_pools_fails_only_in_float32():
 
 
 @pytest.mark.slow
+@FULL_FIELD
 def test_ragged_adapter_with_jax_reference_passes_but_the_two_sided_window():
     """The ragged adapter's layout, with JAX's reference in the kernel's place: every check passes but
     paged-window, whose non-causal two-sided window the kernel's left-only causal window cannot express
