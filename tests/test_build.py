@@ -284,12 +284,13 @@ def test_real_tiny_cpu_run_builds_with_allow_interpret(tmp_path, monkeypatch):
     assert rows and all(r["interpret"] or r["implementation"] == "paged-xla" for r in rows)
     assert all(r["platform"] == "cpu" and len(r["samples_ms"]) == 2 for r in rows)
     assert verify(ws / "data") == []
-    paged_rows_carry_their_cache(ws / "data", record, rows, "tiny")
+    paged_rows_carry_their_cache(ws / "data", record, rows, "tiny", configs=("benchmark",))
 
 
-def paged_rows_carry_their_cache(data: Path, record: str, rows: list[dict], profile: str) -> None:
+def paged_rows_carry_their_cache(data: Path, record: str, rows: list[dict], profile: str,
+                                 configs: tuple[str, ...] = CONFIG_NAMES) -> None:
     """The paged columns: null for every other case, the case's cache for a paged one; bytes_moved the K/V of
-    the keys each sequence's new row sees (counted key by key), q and out; the tables load with ``datasets``."""
+    the keys each sequence's new row sees (counted key by key), q and out; ``configs`` load with ``datasets``."""
     import datasets
 
     from tpu_kernel_records_tools.bench.cases import get_profile
@@ -309,13 +310,11 @@ def paged_rows_carry_their_cache(data: Path, record: str, rows: list[dict], prof
         assert r["bytes_moved"] == 2 * (keys * m.num_kv_heads + r["batch"] * m.num_q_heads) * m.head_dim * 2
     assert {(r["model"], r["page_size"]) for r in paged.values()} == {
         (m.name, p) for m in models.values() for _, p in m.variants()}
-    for config in CONFIG_NAMES:
-        ds = datasets.load_dataset("parquet", data_files=str(data / config / f"{record}.parquet"), split="train",
-                                   cache_dir=str(data.parent / "hf-cache"))
-        assert ds.features == datasets.Features.from_arrow_schema(FEATURES[config])
-    loaded = datasets.load_dataset("parquet", data_files=str(data / "benchmark" / f"{record}.parquet"),
-                                   split="train", cache_dir=str(data.parent / "hf-cache"))
-    assert {r["case_id"]: r["pool_pages"] for r in loaded if r["case_id"] in paged} == {
+    loaded = {config: datasets.load_dataset("parquet", data_files=str(data / config / f"{record}.parquet"),
+                                            split="train", cache_dir=str(data.parent / "hf-cache"))
+              for config in configs}
+    assert all(ds.features == datasets.Features.from_arrow_schema(FEATURES[c]) for c, ds in loaded.items())
+    assert {r["case_id"]: r["pool_pages"] for r in loaded["benchmark"] if r["case_id"] in paged} == {
         k: r["pool_pages"] for k, r in paged.items()}
 
 

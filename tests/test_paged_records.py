@@ -242,3 +242,28 @@ def test_measure_on_the_cpu_profiles_paged_cases_builds_verifies_and_loads(tmp_p
     paged_rows_carry_their_cache(ws / "data", record, rows, "cpu")
     checks = pq.read_table(ws / "data" / "correctness" / f"{record}.parquet").to_pylist()
     assert {r["contract"] for r in checks} == {"paged"} and all(r["measured"] for r in checks)
+
+
+def test_measure_grades_the_timed_paged_kernel_on_the_paged_contract_with_the_paged_known_bad(monkeypatch):
+    """The kernel graded is the one timed (the registry's grading name per platform), at the full level; the
+    paged known-bad join the dense ones only where a paged kernel is graded."""
+    from tpu_kernel_records_tools.grading import candidates, rubric
+    from tpu_kernel_records_tools.measure import run as run_module
+
+    asked = {}
+
+    def fake_grade(name, *, seed, level, features=None):
+        asked[name] = level
+        return rubric.Scorecard(name, "kernel", [], seed=seed, level=level)
+
+    monkeypatch.setattr(rubric, "grade", fake_grade)
+    _, kernels = run_module.measured_candidates(get_profile("cpu"), ["paged-decode"], "cpu")
+    timed = {c.implementation for c in build_cases(get_profile("cpu"), ("paged-decode",), platform="cpu")[0]}
+    assert kernels == ["paged-pallas"] and set(kernels) <= timed
+    run_module.grade(kernels, seed=0, progress=False)
+    paged_bad = {n for n, c in candidates.PAGED_BUILTIN.items() if c.kind == "known-bad"}
+    assert asked["paged-pallas"] == "full" and paged_bad <= set(asked)
+    assert all(asked[n] == "quick" for n in paged_bad)
+    asked.clear()
+    run_module.grade(["flash"], seed=0, progress=False)
+    assert not paged_bad & set(asked)

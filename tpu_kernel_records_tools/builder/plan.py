@@ -15,7 +15,10 @@ flash / best peer follows (relative 1e-9), so a hand-edited ratio is refused. A 
 reference (its XLA fields are null) and a window and tiles of its own; its visible least
 (``bench.plan.visible_block_least``, recomputed here from its shape, window, tiles and declared least),
 its ratios to splash-512, to that least and to every operand once, and its goals' verdicts
-(``bench.plan.WINDOW_GOALS``) must follow. The FLOPs and bytes themselves are the compiler's
+(``bench.plan.WINDOW_GOALS``) must follow. Paged rows (``paged_rows``, absent in plans from before them)
+must be the profile's paged plan shapes with their cases' batch, heads and cache; their least bytes (the
+case's useful bytes), each kernel's page copies (``bench.plan.paged_dma_bytes`` over the case's lengths),
+traffic, ratios and goals' verdicts (``bench.plan.PAGED_GOALS``) must follow. The FLOPs and bytes themselves are the compiler's
 statements; nothing re-derives them without compiling again.
 """
 
@@ -29,8 +32,10 @@ from typing import Any
 from ..bench import roofline
 from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, get_profile
 from ..bench.peers import PEERS
-from ..bench.plan import (LABEL, MODES, TILE_KEYS, WINDOW_GOALS, Shape, least_over_best_peer, plan_shapes,
-                          visible_block_least, window_goals, window_markdown, window_ratios)
+from ..bench.plan import (LABEL, MODES, PAGED_KERNELS, TILE_KEYS, WINDOW_GOALS, PagedShape, Shape,
+                          least_over_best_peer, paged_dma_bytes, paged_goals, paged_least_bytes, paged_markdown,
+                          paged_plan_shapes, paged_ratios, plan_shapes, visible_block_least, window_goals,
+                          window_markdown, window_ratios)
 from ..records.rawio import JSON_ERRORS, RunError
 from .markdown import code, text
 
@@ -116,6 +121,69 @@ def check_plan(doc: Any) -> None:
         for key, value in derived:
             if not _close(row.get(key), value):
                 raise _refuse(f"{where}/{key}", f"{row.get(key)!r}, but it follows as {value!r}")
+    _check_paged_rows(doc.get("paged_rows"))
+
+
+PAGED_NUMBERS = ("vmem_bytes", "outside_bytes", "declared_bytes", "declared_flops", "pipeline_bytes", "dma_bytes",
+                 "traffic_bytes")
+
+
+def _check_paged_rows(rows: Any, profile: str = "tpu-v5e") -> None:
+    """The paged rows (absent: a plan from before them): each a shape of ``bench.plan.paged_plan_shapes`` with
+    the cache its case has; its least bytes (the case's useful bytes), each kernel's page copies (its DMA model
+    over the case's lengths), traffic, ratios and goals' verdicts follow."""
+    if rows is None:
+        return
+    if not isinstance(rows, list):
+        raise _refuse("paged_rows", "not a list")
+    from ..bench.cases import get_profile as _profile
+
+    models = {m.name: m for m in _profile(profile).paged}
+    itemsize = 2 if _profile(profile).dtype == "bfloat16" else 4
+    for i, row in enumerate(rows):
+        where = f"paged_rows/{i}"
+        if not isinstance(row, dict):
+            raise _refuse(where, "not an object")
+        shape = PagedShape(row.get("model"), row.get("seq"), row.get("page_size"))
+        if shape not in paged_plan_shapes(profile):
+            raise _refuse(f"{where}/model", f"{tuple(shape)!r} is not a paged plan shape of profile {profile!r}")
+        model = models[shape.model]
+        expected = dict(batch=model.batch_for(shape.seq), num_q_heads=model.num_q_heads,
+                        num_kv_heads=model.num_kv_heads, head_dim=model.head_dim, pages=shape.seq // shape.page_size,
+                        pool_pages=model.page_table(shape.seq, shape.page_size)[1], mode="fwd", scope="paged-decode")
+        for key, value in expected.items():
+            if row.get(key) != value:
+                raise _refuse(f"{where}/{key}", f"{row.get(key)!r}, but the case has {value!r}")
+        least = paged_least_bytes(profile, shape)
+        if not _close(row.get("least_bytes"), least):
+            raise _refuse(f"{where}/least_bytes", f"{row.get('least_bytes')!r}, but the case's useful bytes are {least!r}")
+        kernels = row.get("kernels")
+        if not isinstance(kernels, dict) or set(kernels) != set(PAGED_KERNELS):
+            raise _refuse(f"{where}/kernels", f"must name exactly {PAGED_KERNELS}")
+        for name, k in kernels.items():
+            at = f"{where}/kernels/{name}"
+            for key in PAGED_NUMBERS:
+                value = k.get(key)
+                if value is not None and not (isinstance(value, (int, float)) and not isinstance(value, bool)
+                                              and math.isfinite(value) and value >= 0):
+                    raise _refuse(f"{at}/{key}", f"{value!r} is not a finite number >= 0")
+            blocks = k.get("pages_per_block")
+            if not (isinstance(blocks, int) and blocks >= 1 and (name == "jax-paged" or blocks == 1)
+                    and expected["pages"] % blocks == 0):
+                raise _refuse(f"{at}/pages_per_block", f"{blocks!r} is no block of pages this kernel can take")
+            dma = paged_dma_bytes(name, model.lengths(shape.seq), shape.page_size, model.num_kv_heads,
+                                  model.head_dim, itemsize, blocks)
+            if k.get("dma_bytes") != dma:
+                raise _refuse(f"{at}/dma_bytes", f"{k.get('dma_bytes')!r}, but its DMA schedule copies {dma!r}")
+            traffic = None if k.get("pipeline_bytes") is None else k["pipeline_bytes"] + dma + (k.get("outside_bytes") or 0)
+            if not (traffic is None and k.get("traffic_bytes") is None
+                    or traffic is not None and _close(k.get("traffic_bytes"), traffic)):
+                raise _refuse(f"{at}/traffic_bytes", f"{k.get('traffic_bytes')!r}, but it follows as {traffic!r}")
+        for key, value in paged_ratios(row).items():
+            if not (row.get(key) is None and value is None or value is not None and _close(row.get(key), value)):
+                raise _refuse(f"{where}/{key}", f"{row.get(key)!r}, but it follows as {value!r}")
+        if row.get("goals_met") != paged_goals(row):
+            raise _refuse(f"{where}/goals_met", f"{row.get('goals_met')!r}, but the ratios give {paged_goals(row)!r}")
 
 
 def _check_window_row(row: dict[str, Any], where: str) -> None:
@@ -287,7 +355,15 @@ def section(data_dir: Path) -> str:
     windowed = [r for r in doc["rows"] if r.get("window") is not None]
     if windowed:  # the plan document's own section (headed one level below the card's section)
         lines += [""] + ["#" + line if line.startswith("## ") else line for line in window_markdown(windowed, text)]
+    paged = doc.get("paged_rows") or []
+    if paged:
+        lines += [""] + ["#" + line if line.startswith("## ") else line for line in paged_markdown(paged, text)]
     missing = missing_shapes(doc)
+    have = {(r["model"], r["seq"], r["page_size"]) for r in paged}
+    missing_paged = [s for s in paged_plan_shapes() if tuple(s) not in have]
+    if missing_paged:
+        lines += ["", f"Paged rows not in this plan yet ({len(missing_paged)} shape(s)): " + "; ".join(
+            f"{m.model} seq {m.seq} page size {m.page_size}" for m in missing_paged) + "."]
     if missing:
         lines += ["", f"Not in this plan yet ({len(missing)} shape(s) of the profile, compiled by the same command "
                       "since it was run): " + "; ".join(

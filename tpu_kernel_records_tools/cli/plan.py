@@ -4,7 +4,12 @@ Compiles flash attention, the XLA reference and JAX's own TPU attention kernels 
 flash: the peers) for a TPU v5e on this machine (libtpu, no TPU) at each shape of the profile, models
 the bytes each kernel's Pallas pipeline moves (``bench.pipeline``) and writes the compiler's
 predictions, labelled as such; then the windowed rows (flash with a model's sliding window against
-splash attention's ``LocalMask``, with the goal's ratios and verdicts: ``bench.plan.window_row``).
+splash attention's ``LocalMask``, with the goal's ratios and verdicts: ``bench.plan.window_row``) and the
+paged rows (the paged decode kernel against JAX's ``paged_attention``: ``bench.plan.paged_row``).
+
+``--scopes`` compiles only some of the row groups and ``--merge PLAN_JSON`` keeps the other groups'
+rows from an existing plan (compiled with the same jax and libtpu): a full plan takes most of an hour
+on a small machine, the paged rows alone minutes.
 """
 
 from __future__ import annotations
@@ -32,17 +37,28 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                     "traffic, flash / best peer and flash / XLA; then the windowed rows: flash with a "
                     "masked model's sliding window (Mistral-7B's 4,096 at 32k keys) against splash "
                     "attention's LocalMask, with flash / splash-512, flash / the least traffic the "
-                    "visible blocks need, and whether the goal (at most 0.6 and 1.2) is met. "
-                    "Predicted by the compiler, not measured.")
+                    "visible blocks need, and whether the goal (at most 0.6 and 1.2) is met; then the paged "
+                    "rows: the paged decode kernel against JAX's paged_attention at the paged-decode "
+                    "benchmark's Llama-3-8B shapes, their traffic over the least bytes (goal <= 1.1) and over "
+                    "JAX's (goal <= 1). Predicted by the compiler, not measured.")
     p.add_argument("--profile", default="tpu-v5e", help="benchmark profile (default tpu-v5e)")
     p.add_argument("--seq", type=int, nargs="+", metavar="N",
                    help="sequence lengths, of the flash scope, the model shapes and the windowed rows alike "
                         "(default: all of the profile's)")
     p.add_argument("--modes", nargs="+", choices=("fwd", "fwd+bwd"), default=["fwd", "fwd+bwd"])
+    p.add_argument("--scopes", nargs="+", choices=GROUPS, metavar="SCOPE",
+                   help=f"which rows to compile: any of {', '.join(GROUPS)} (default: all); with --merge, the "
+                        "other rows come from that plan")
+    p.add_argument("--merge", type=Path, metavar="PLAN_JSON",
+                   help="keep the rows of the scopes not compiled from this plan JSON (e.g. data/plan/tpu-v5e.json; "
+                        "it must have been compiled with this jax and libtpu); needs --scopes and --json")
     p.add_argument("--out", type=Path, metavar="FILE",
                    help="write the Markdown here (atomically); default standard output")
     p.add_argument("--json", type=Path, metavar="FILE", help="also write the rows as JSON")
     p.set_defaults(func=_plan)
+
+
+GROUPS = ("flash", "model-fwd", "model-fwd-bwd", "masks-fwd", "masks-fwd-bwd", "paged-decode")
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -59,21 +75,53 @@ def _write_atomic(path: Path, text: str) -> None:
 
 def _plan(args: argparse.Namespace) -> int:
     from ..bench import plan
+    from ..builder.plan import check_plan
 
+    scopes = list(dict.fromkeys(args.scopes or GROUPS))
+    if args.merge and (not args.scopes or not args.json):
+        print("plan: --merge needs --scopes (the rows to compile) and --json (where the merged plan goes)",
+              file=sys.stderr)
+        return 2
     command = "tpu-kernel-records plan --profile " + args.profile
     if args.seq:
         command += " --seq " + " ".join(map(str, args.seq))
     if args.modes != ["fwd", "fwd+bwd"]:
         command += " --modes " + " ".join(args.modes)
+    if args.scopes:
+        command += " --scopes " + " ".join(scopes)
+    if args.merge:
+        command += f" --merge {args.merge}"
     if args.out:
         command += f" --out {args.out.name}"
-    rows = plan.plan_rows(args.profile, args.seq, args.modes,
-                          progress=lambda line: print(line, file=sys.stderr, flush=True))
-    text = plan.render_markdown(rows, args.profile, command)
+    made = dict(jax=plan.jax.__version__, date=plan.datetime.date.today().isoformat(),
+                libtpu=plan.compiled.libtpu_version())
+    old = None
+    if args.merge:
+        old = json.loads(args.merge.read_text())
+        check_plan(old)
+        if (old.get("jax"), old.get("libtpu")) != (made["jax"], made["libtpu"]):
+            print(f"plan: {args.merge} was compiled with jax {old.get('jax')}, libtpu {old.get('libtpu')}; this is "
+                  f"jax {made['jax']}, libtpu {made['libtpu']}: regenerate every row instead", file=sys.stderr)
+            return 1
+        command = f"{old.get('command')}; then {command}"
+    progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    wanted = [s for s in scopes if s != "paged-decode"]
+    rows = [] if not wanted else plan.plan_rows(args.profile, args.seq, args.modes, progress=progress,
+                                                 scopes=wanted)
+    paged = (plan.paged_rows(args.profile, args.seq, progress=progress) if "paged-decode" in scopes
+             else None)
+    if old is not None:
+        kept = [r for r in old["rows"] if r.get("scope", "flash") not in scopes]
+        rows = kept + rows
+        if paged is None:
+            paged = old.get("paged_rows")
+    text = plan.render_markdown(rows, args.profile, command, made, paged_rows=paged or [])
     if args.json:
-        provenance = dict(command=command, jax=plan.jax.__version__, date=plan.datetime.date.today().isoformat(),
-                          libtpu=plan.compiled.libtpu_version())  # for the card's plan section (builder.plan)
-        _write_atomic(args.json, json.dumps(dict(label=plan.LABEL, **provenance, rows=rows), indent=1) + "\n")
+        doc = dict(label=plan.LABEL, command=command, **made, rows=rows)  # for the card (builder.plan)
+        if paged:
+            doc["paged_rows"] = paged
+        check_plan(doc)
+        _write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     if args.out:
         _write_atomic(args.out, text)
         print(args.out)
