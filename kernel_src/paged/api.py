@@ -33,7 +33,7 @@ def _paged(q, k_pages, v_pages, kv_lengths, page_indices, sinks, *, plan: PagedP
         pages = block_sizes.pages(plan.page_size, plan.pages_per_sequence)
         if not plan.interpret:
             pages = tpu.fit_pages(pages, plan.page_size, plan.num_kv_heads, plan.head_dim,
-                                  q.dtype.itemsize)
+                                  q.dtype.itemsize, plan.layout)
         out = tpu.forward(q_rows, k_pages, v_pages, lengths, table, sinks, plan, pages,
                           vmem_limit)
     else:
@@ -43,8 +43,14 @@ def _paged(q, k_pages, v_pages, kv_lengths, page_indices, sinks, *, plan: PagedP
 
 
 def _paged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices, scale, causal,
-                     window_size, softcap, sinks, block_sizes, interpret):
+                     window_size, softcap, sinks, block_sizes, interpret, layout=None):
     dims = check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices)
+    if layout is not None and layout not in tpu.LAYOUTS:
+        raise ValueError(f"layout must be one of {tpu.LAYOUTS}, got {layout!r}")
+    if (layout == "rows" and dims.num_kv_heads % 2 and dims.num_kv_heads > 1
+            and q.dtype.itemsize < 4):
+        raise ValueError("layout 'rows' needs 1 or an even number of kv heads in 16 bits, got "
+                         f"{dims.num_kv_heads}")
     window = check_paged_features(dims, window_size=window_size, softcap=softcap, sinks=sinks)
     window = None if window == (None, None) else window
     softcap = None if softcap is None else float(softcap)
@@ -54,11 +60,13 @@ def _paged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices,
         compiled = target != "cpu"
         if compiled and target != home:
             raise backend.Unsupported(f"the {family} paged kernel has no {target} lowering")
+        chosen = layout or ("heads" if not compiled or family != "mosaic" else
+                            tpu.mosaic_layout(dims.num_kv_heads, q.dtype.itemsize))
         plan = PagedPlan(dims.q_len, dims.num_q_heads, dims.num_kv_heads, dims.head_dim,
                          dims.page_size, dims.pages_per_sequence, dims.num_pages, bool(causal),
                          default_scale(dims.head_dim, scale), interpret, window=window,
                          softcap=softcap, sinks=sinks is not None,
-                         rows_pad=tile_rows(dims.group * dims.q_len, family))
+                         rows_pad=tile_rows(dims.group * dims.q_len, family), layout=chosen)
         blocks = block_sizes or PagedBlockSizes.for_platform(target)
         return functools.partial(_paged, plan=plan, family=family, block_sizes=blocks,
                                  vmem_limit=vmem_limits()[0])
@@ -74,7 +82,7 @@ def paged_attention_tpu(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
                         window_size: Window | None = None, softcap: float | None = None,
                         sinks: jax.Array | None = None,
                         block_sizes: PagedBlockSizes | None = None,
-                        interpret: Any = None) -> jax.Array:
+                        interpret: Any = None, layout: str | None = None) -> jax.Array:
     """Paged grouped-query attention (the paged contract), forward only: the Mosaic kernel.
 
     Args:
@@ -103,13 +111,19 @@ def paged_attention_tpu(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
       interpret: ``None``: interpret mode on CPU, Mosaic on TPU, refused on GPU; ``True`` or
         ``pltpu.InterpretParams(...)`` (``backend.tpu_interpret_params()``: races, NaN-filled
         VMEM, out-of-bounds reads raise): interpret mode everywhere; ``False``: compiled only.
+      layout: how the kernel's K/V buffers hold the kv heads (``tpu.LAYOUTS``): ``"heads"``
+        (the pool as it is) or ``"rows"`` (the pool viewed as ``[num_pages, page_size *
+        num_kv_heads, head_dim]``, a head read as strided rows: jax < 0.7, whose Mosaic cannot
+        take one head out of a block). ``None``: "heads" in interpret mode, compiled the one the
+        installed Mosaic takes (``tpu.mosaic_layout``); when given, interpret mode runs it too
+        (how the tests check on a CPU the layout compiled under older jax). Same results.
 
     Returns:
       ``[batch, q_len, num_q_heads, head_dim]`` in q's dtype; a row with no visible key is
       exact zeros.
     """
     return _paged_attention("mosaic", q, k_pages, v_pages, kv_lengths, page_indices, scale,
-                            causal, window_size, softcap, sinks, block_sizes, interpret)
+                            causal, window_size, softcap, sinks, block_sizes, interpret, layout)
 
 
 @supports(*PAGED_FEATURES)

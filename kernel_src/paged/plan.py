@@ -112,6 +112,7 @@ class PagedPlan:
     softcap: float | None = None  # logits become softcap * tanh(s / softcap)
     sinks: bool = False  # one sink logit per query head
     rows_pad: int = 8  # rows of a tile, padded (``tile_rows``)
+    layout: str = "heads"  # Mosaic: how the K/V buffers hold the heads (``tpu.LAYOUTS``)
 
     @property
     def group(self) -> int:
