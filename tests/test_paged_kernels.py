@@ -6,7 +6,9 @@ non-contiguous), some sequences share their first page (prefix caching), every s
 holds is NaN, the slots past a length in a last page are NaN, +Inf and -Inf, and the table entries
 past a sequence's last page point at NaN pages, at page 0 and outside the pool (-1, the pool's
 size, 2**31 - 1). Outputs must match the truth, carry no NaN, be exact zeros on rows with no
-visible key, and not change a bit when the pool is permuted with the table permuted alike.
+visible key, and not change a bit when the pool is permuted with the table permuted alike, nor
+when the Mosaic kernel reads its pages in the layout compiled under jax < 0.7 ("rows": a kv head
+as strided rows) instead of the in-place one ("heads").
 
 Both families run in interpret mode (the Mosaic kernel's DMAs included). The default run keeps
 one small call per family (about 5 s on a busy 2-core machine; the slow ones about 100 s); the sweeps over page sizes, dtypes,
@@ -169,11 +171,13 @@ BASE = Case(lengths=(0, 1, 15, 16, 17, 48, 70), q_len=4)
 def test_lengths_pool_and_table_garbage(family):
     """Lengths 0, 1, page_size - 1, page_size, page_size + 1, multiples; q_len 4 with rows
     ahead of short sequences (zero rows); group 2; several steps; a permuted pool with the
-    table permuted alike gives the same bits."""
+    table permuted alike gives the same bits (Mosaic: read in the other layout, "rows", as
+    compiled under jax < 0.7: a kv head as strided rows, head_dim 32 padded to 128 lanes)."""
     problem = make_problem(BASE)
     got = attend(family, problem)
     assert_matches(got, problem)
-    assert np.array_equal(attend(family, permuted(problem)), got)
+    other = dict(layout="rows") if family == "tpu" else {}
+    assert np.array_equal(attend(family, permuted(problem), **other), got)
 
 
 def test_features_are_declared():
@@ -192,6 +196,11 @@ def test_bad_arguments_are_refused():
             fn(q.astype(jnp.bfloat16), k, v, kv_lengths=lengths, page_indices=table)
         with pytest.raises(ValueError, match="window_size"):
             fn(q, k, v, kv_lengths=lengths, page_indices=table, window_size=(-1, 0))
+    with pytest.raises(ValueError, match="layout"):
+        paged_attention_tpu(q, k, v, kv_lengths=lengths, page_indices=table, layout="flat")
+    q3, k3 = (jnp.zeros(x.shape[:2] + (3, x.shape[3]), jnp.bfloat16) for x in (q, k))
+    with pytest.raises(ValueError, match="even number of kv heads"):
+        paged_attention_tpu(q3, k3, k3, kv_lengths=lengths, page_indices=table, layout="rows")
 
 
 # --- slow: the sweeps ---------------------------------------------------------------------------
@@ -226,6 +235,19 @@ OPTIONS = {
     "all": dict(window_size=(30, None), softcap=5.0,
                 sinks=np.array([2.0, 0.0, -3.0, 1.0], np.float32)),
 }
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", SWEEP)
+def test_rows_layout_sweep(name):
+    """The Mosaic kernel's layout "rows" (compiled under jax < 0.7: a kv head read as strided
+    rows of ``[page_size * kv heads, d]`` pages) gives exactly the bits of the in-place layout
+    "heads" over the sweep: pages of 24 and 128, one kv head, head_dim 64 and 40 (padded to 128
+    lanes), fp32 (strided rows) and bf16 (through 32-bit words)."""
+    problem = make_problem(SWEEP[name], seed=3)
+    got = attend("tpu", problem, layout="rows")
+    assert_matches(got, problem)
+    assert np.array_equal(got, attend("tpu", problem, layout="heads"))
 
 
 @pytest.mark.slow
@@ -269,12 +291,16 @@ def test_131072_keys(family):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [{}, dict(window_size=(20, 0))], ids=["base", "window"])
+@pytest.mark.parametrize("options", [{}, dict(window_size=(20, 0)),
+                                     dict(window_size=(20, 0), layout="rows")],
+                         ids=["base", "window", "window-rows"])
 def test_mosaic_under_the_strict_interpreter(options):
     """Races detected, VMEM NaN-filled before use and out-of-bounds reads raising: a slot read
     before its copy lands, a buffer slot no copy of this step wrote (past the last page, before
     the window's first page) leaking into the output, or a copy of a page past a sequence's
     last one (every such table entry points outside the pool here) shows up."""
+    options = dict(options)
+    layout = options.pop("layout", None)
     params = backend.tpu_interpret_params()
     if params is None:
         pytest.skip("this JAX has no pltpu.InterpretParams")
@@ -285,7 +311,7 @@ def test_mosaic_under_the_strict_interpreter(options):
         table[b, -(-n // 16):] = [k.shape[0], 2 ** 31 - 1, k.shape[0] + 9][b % 3]
     problem = (q, k, v, lengths, table)
     try:
-        got = attend("tpu", problem, interpret=params, **options)
+        got = attend("tpu", problem, interpret=params, layout=layout, **options)
         races = backend.tpu_interpret_races_found()
     finally:
         backend.reset_tpu_interpret_state()
@@ -329,6 +355,9 @@ def _v5e_reason():
     (2, 1, 4, 4, 64, 24, 1000, "bfloat16", {}),
 ], ids=["llama3-8b-decode", "group8-q4-features", "page24-d64"])
 def test_mosaic_compiles_for_v5e(shape):
+    """Compiled deviceless in the layout the installed jax takes ("heads" from jax 0.7, "rows"
+    before: the Kaggle image's 0.6.2); with head_dim a multiple of 128 nothing copies the pools
+    around the kernel (the "rows" view is free)."""
     reason = _v5e_reason()
     if reason is not None:
         pytest.skip(reason)
@@ -352,3 +381,5 @@ def test_mosaic_compiles_for_v5e(shape):
     assert kernel["vmem_bytes"] is not None
     least = 2 * batch * per_seq * ps * hk * d * jnp.dtype(dtype).itemsize  # K and V once
     assert kernel["declared_bytes"] >= least
+    if d % 128 == 0:  # no copy of the pools around the kernel (layout "rows": a free view)
+        assert facts["outside_bytes"] < least / 4
