@@ -20,7 +20,8 @@ What has been exercised: both run in interpret mode on CPU against a float64 gat
 reference (``tests/test_paged_kernels.py``; the Mosaic kernel also under the strict TPU
 interpreter: races, NaN-filled VMEM, out-of-bounds reads) and pass the paged rubric's full level
 on seeds 0-2 (``tpu-kernel-rubric --paged``, built-ins ``paged-pallas`` and ``paged-triton``), the
-Mosaic kernel compiles for a TPU v5e on a machine without one (slow tests there), and the Triton
+Mosaic kernel compiles for a TPU v5e on a machine without one under jax 0.10 and 0.6.2 (the
+Kaggle image's: ``tpu``'s layout "rows"; slow tests there), and the Triton
 kernel lowers to Triton IR via ``jax.export``.
 What has not: running either compiled on a TPU or GPU from this repository's tests.
 """
