@@ -107,3 +107,40 @@ def test_merge_refuses_without_its_scopes_and_across_versions(tmp_path, capsys):
     assert commands.main(["plan", "--scopes", "paged-decode", "--merge", str(tmp_path / "old.json"), "--json",
                           str(tmp_path / "p.json")]) == 1
     assert "regenerate every row" in capsys.readouterr().err and not (tmp_path / "p.json").exists()
+
+
+def test_merging_the_paged_rows_into_the_committed_plan_reproduces_it(tmp_path, monkeypatch):
+    """``plan --scopes paged-decode --merge`` with the paged rows the committed plan holds (compiling stubbed):
+    the other rows kept as they are, the same document and JSON; the command keeps the steps that made the
+    kept rows and names this one once, however often it is rerun."""
+    from tpu_kernel_records_tools.bench import compiled
+    from tpu_kernel_records_tools.bench import plan as bench_plan
+
+    committed = testing.REPO / "data" / plan.PLAN_FILE
+    doc = json.loads(committed.read_text())
+    made = dict(jax=bench_plan.jax.__version__, libtpu=compiled.libtpu_version())
+    if (doc["jax"], doc["libtpu"]) != (made["jax"], made["libtpu"]):
+        pytest.skip(f"the committed plan was compiled with jax {doc['jax']}, libtpu {doc['libtpu']}")
+    monkeypatch.setattr(bench_plan, "paged_rows", lambda *a, **k: copy.deepcopy(doc["paged_rows"]))
+
+    import datetime
+
+    class Today(datetime.date):  # the day the committed plan was made
+        @classmethod
+        def today(cls):
+            return datetime.date.fromisoformat(doc["date"])
+    monkeypatch.setattr(bench_plan.datetime, "date", Today)
+    monkeypatch.chdir(testing.REPO)  # the committed command names the plan it merged by this relative path
+    out = tmp_path / "PLAN_V5E.md"
+    assert commands.main(["plan", "--profile", "tpu-v5e", "--scopes", "paged-decode", "--merge",
+                          f"data/{plan.PLAN_FILE}", "--json", str(tmp_path / "plan.json"), "--out", str(out)]) == 0
+    merged = json.loads((tmp_path / "plan.json").read_text())
+    assert plan.plan_bytes(merged) == (testing.REPO / "data" / plan.PLAN_FILE).read_bytes()
+    assert out.read_text() == (testing.REPO / plan.PLAN_DOC).read_text()
+    (tmp_path / "again.json").write_text((tmp_path / "plan.json").read_text())
+    assert commands.main(["plan", "--profile", "tpu-v5e", "--scopes", "paged-decode", "--merge",
+                          str(tmp_path / "again.json"), "--json", str(tmp_path / "plan.json")]) == 0
+    again = json.loads((tmp_path / "plan.json").read_text())
+    assert again["rows"] == doc["rows"] and again["paged_rows"] == doc["paged_rows"]
+    assert again["command"].count("--scopes paged-decode") == 1 and again["command"].startswith(
+        doc["command"].split("; then ")[0] + "; then ")

@@ -103,7 +103,11 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"plan: {args.merge} was compiled with jax {old.get('jax')}, libtpu {old.get('libtpu')}; this is "
                   f"jax {made['jax']}, libtpu {made['libtpu']}: regenerate every row instead", file=sys.stderr)
             return 1
-        command = f"{old.get('command')}; then {command}"
+        # the steps that made the kept rows, without an earlier run of these scopes (their rows are replaced)
+        again = f" --scopes {' '.join(scopes)}"
+        steps = [step for step in (old.get("command") or "").split("; then ")
+                 if step and not (again in step and step.split(again)[1][:1] in ("", " "))]
+        command = "; then ".join(steps + [command])
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     wanted = [s for s in scopes if s != "paged-decode"]
     rows = [] if not wanted else plan.plan_rows(args.profile, args.seq, args.modes, progress=progress,
