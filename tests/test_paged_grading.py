@@ -13,6 +13,7 @@ from tpu_kernel_records_tools.grading.candidates import PAGED_BUILTIN, resolve
 from tpu_kernel_records_tools.grading.paged_candidates import PagedSwitches, _bug
 from tpu_kernel_records_tools.grading.paged_checks import PAGED_CHECKS, PAGED_FEATURE_CHECKS, paged_checks_for
 from kernel_src.contract import PAGED_FEATURES
+from tests.seeds import full_level_seeds
 
 BAD = sorted(n for n, c in PAGED_BUILTIN.items() if c.kind == "known-bad")
 CHECK_NAMES = {c.name for c in (*PAGED_CHECKS, *PAGED_FEATURE_CHECKS.values())}
@@ -103,3 +104,15 @@ def test_known_bads_are_rejected_by_their_checks_at_the_full_level(seed):
         if all(o.passed for o in found.values()):
             missed[name] = {n: o.detail[:200] for n, o in found.items()}
     assert not missed, missed
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", full_level_seeds())
+@pytest.mark.parametrize("name", ["paged-pallas", "paged-triton"])
+def test_the_paged_kernels_pass_the_full_level(name, seed):
+    """The project's paged kernels (interpreted on CPU) against every paged check, features included."""
+    fn = PAGED_BUILTIN[name].load()
+    assert set(fn.features) == set(PAGED_FEATURES)
+    found = grade(fn, seed, "full")
+    assert set(found) == {c.name for c in paged_checks_for(PAGED_FEATURES)}
+    assert all(o.passed for o in found.values()), {n: o.detail for n, o in found.items() if not o.passed}
