@@ -60,7 +60,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--isolation", choices=CHOICES, default="auto",
                    help="where a file or module candidate's worker runs (as for grade); built-ins run in-process")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    # Kept for the commands of docs/DEVELOPING.md: a calibration now runs serially in this process.
+    # Parsed only to say they are gone (docs/DEVELOPING.md named them): a calibration runs serially here.
     p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--scheduler", help=argparse.SUPPRESS)
     p.set_defaults(func=_calibrate)
@@ -86,8 +86,10 @@ def _calibrate(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return EXIT_USAGE
     if args.scheduler or args.workers:
-        print("tpu-kernel-records calibrate: note: trials run serially in this process (--workers and "
-              "--scheduler are ignored); run pieces with --resume and --max-minutes", file=sys.stderr)
+        print("tpu-kernel-records calibrate: --workers and --scheduler are gone: a calibration runs serially in "
+              "this process (a seed's candidates share its truth, and each built-in its compiled programs); run "
+              "it in pieces with --resume and --max-minutes", file=sys.stderr)
+        return EXIT_USAGE
     notes: list[str] = []
     if args.report_only:
         try:
