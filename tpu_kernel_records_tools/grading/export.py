@@ -129,6 +129,92 @@ class Signature:
                 f"kv_lengths={'yes' if self.has_lengths else 'no'} scale={self.scale}{more}")
 
 
+@dataclass(frozen=True)
+class PagedSignature:
+    """One call of the paged contract (``kernel_src.contract.paged_attention``) as a program sees it: the
+    shapes of q, of the pool (``k_pages`` and ``v_pages`` alike) and of the page table, the dtype and the
+    static arguments; ``kv_lengths`` and ``page_indices`` are always arguments. Forward only."""
+
+    q: tuple[int, ...]
+    pool: tuple[int, ...]
+    table: tuple[int, ...]
+    dtype: str
+    causal: bool
+    scale: float | None
+    window: tuple | None = None
+    softcap: float | None = None
+    sinks: bool = False
+
+    contract = "paged"
+
+    @classmethod
+    def of_call(cls, q, k_pages, v_pages, *, kv_lengths, page_indices, causal=True, scale=None, window_size=None,
+                softcap=None, sinks=None) -> "PagedSignature":
+        dtypes = {str(np.dtype(x.dtype)) for x in (q, k_pages, v_pages)}
+        if len(dtypes) != 1 or tuple(k_pages.shape) != tuple(v_pages.shape):
+            raise ProgramRefused(f"q, k_pages and v_pages have dtypes {sorted(dtypes)} and pools "
+                                 f"{tuple(k_pages.shape)}, {tuple(v_pages.shape)}")
+        return cls(tuple(map(int, q.shape)), tuple(map(int, k_pages.shape)), tuple(map(int, page_indices.shape)),
+                   dtypes.pop(), bool(causal), None if scale is None else float(scale),
+                   None if window_size is None else tuple(None if x is None else int(x) for x in window_size),
+                   None if softcap is None else float(softcap), sinks is not None)
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "PagedSignature":
+        window = d.get("window")
+        return cls(tuple(d["q"]), tuple(d["pool"]), tuple(d["table"]), str(d["dtype"]), bool(d["causal"]),
+                   None if d["scale"] is None else float(d["scale"]),
+                   None if window is None else tuple(None if x is None else int(x) for x in window),
+                   None if d.get("softcap") is None else float(d["softcap"]), bool(d.get("sinks", False)))
+
+    def to_dict(self) -> dict[str, Any]:
+        """``contract: "paged"`` and the base fields; a feature's field only when the call uses it."""
+        d = {"contract": self.contract, **asdict(self), "q": list(self.q), "pool": list(self.pool),
+             "table": list(self.table)}
+        d["window"] = None if self.window is None else list(self.window)
+        for name, unset in (("window", None), ("softcap", None), ("sinks", False)):
+            if d[name] == unset:
+                del d[name]
+        return d
+
+    @property
+    def key(self) -> str:
+        return json.dumps(self.to_dict(), sort_keys=True)
+
+    def abstract_args(self) -> tuple:
+        """``q, k_pages, v_pages, kv_lengths, page_indices[, sinks]`` as shape-dtype structs."""
+        import jax
+        import jax.numpy as jnp
+
+        dtype = jnp.dtype(self.dtype)
+        args = (jax.ShapeDtypeStruct(self.q, dtype), jax.ShapeDtypeStruct(self.pool, dtype),
+                jax.ShapeDtypeStruct(self.pool, dtype), jax.ShapeDtypeStruct((self.q[0],), jnp.int32),
+                jax.ShapeDtypeStruct(self.table, jnp.int32))
+        return args + ((jax.ShapeDtypeStruct((self.q[2],), jnp.float32),) if self.sinks else ())
+
+    def feature_kwargs(self, extra: tuple) -> dict[str, Any]:
+        """The feature keyword arguments of a call, ``extra`` being the arrays after the page table."""
+        kw: dict[str, Any] = {}
+        if self.window is not None:
+            kw["window_size"] = self.window
+        if self.softcap is not None:
+            kw["softcap"] = self.softcap
+        if self.sinks:
+            kw["sinks"] = extra[0]
+        return kw
+
+    def describe(self) -> str:
+        more = "".join(f" {n}={x}" for n, x in (("window_size", self.window), ("softcap", self.softcap))
+                       if x is not None)
+        return (f"paged q{list(self.q)} pool{list(self.pool)} table{list(self.table)} {self.dtype} "
+                f"causal={self.causal} scale={self.scale}{more}" + " sinks" * self.sinks)
+
+
+def signature_from_dict(d: dict[str, Any]) -> Signature | PagedSignature:
+    """The signature a dict describes: paged where it says ``contract: "paged"``, else dense."""
+    return PagedSignature.from_dict(d) if d.get("contract") == "paged" else Signature.from_dict(d)
+
+
 def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -142,21 +228,51 @@ def export_programs(fn, signatures: list[dict], platform: str) -> tuple[dict, li
     import jax.export  # noqa: F401 - not an attribute of jax 0.6.2 until imported
 
     out = []
-    for raw in signatures:
-        sig = Signature.from_dict(raw)
+    sigs = [signature_from_dict(raw) for raw in signatures]
+    mismatch = _contract_mismatch(fn, paged=any(isinstance(s, PagedSignature) for s in sigs))
+    if mismatch:
+        return {"ok": False, "error": mismatch}, []
+    for sig in sigs:
         kwargs = {"causal": sig.causal, "scale": sig.scale}
-
-        def call(q, k, v, *extra, sig=sig, kwargs=kwargs):
-            lengths, extra = (extra[0], extra[1:]) if sig.has_lengths else (None, extra)
-            return fn(q, k, v, kv_lengths=lengths, **kwargs, **sig.feature_kwargs(extra))
+        if isinstance(sig, PagedSignature):
+            def call(q, k_pages, v_pages, lengths, table, *extra, sig=sig, kwargs=kwargs):
+                return fn(q, k_pages, v_pages, kv_lengths=lengths, page_indices=table, **kwargs,
+                          **sig.feature_kwargs(extra))
+        else:
+            def call(q, k, v, *extra, sig=sig, kwargs=kwargs):
+                lengths, extra = (extra[0], extra[1:]) if sig.has_lengths else (None, extra)
+                return fn(q, k, v, kv_lengths=lengths, **kwargs, **sig.feature_kwargs(extra))
         try:
             exported = jax.export.export(jax.jit(call), platforms=(platform,))(*sig.abstract_args())
-            data = exported.serialize(vjp_order=1)
+            # the paged contract is forward only (and its integer table has no cotangent)
+            data = exported.serialize(vjp_order=0 if isinstance(sig, PagedSignature) else 1)
         except BaseException as e:  # noqa: BLE001 - the candidate's failure, reported in one line
             text = (str(e).strip().splitlines() or [""])[0][:300]
             return {"ok": False, "error": f"exporting {sig.describe()}: {type(e).__name__}: {text}"}, []
         out.append(np.frombuffer(bytes(data), np.uint8))
     return {"ok": True}, out
+
+
+def _contract_mismatch(fn, *, paged: bool) -> str | None:
+    """Why ``fn`` cannot follow the contract asked for, read from its parameters (a paged kernel takes
+    ``page_indices``, a dense one does not), as one line; None when it may (or cannot be told)."""
+    import inspect
+
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return None
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return None
+    takes_pages = "page_indices" in params
+    if paged and not takes_pages:
+        return ("--paged: the candidate takes no page_indices, so it is not a paged kernel "
+                "(paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, ...)); measure a dense "
+                "kernel without --paged")
+    if not paged and takes_pages:
+        return ("the candidate takes page_indices: a paged kernel (kernel_src.contract.paged_attention) is "
+                "measured with --paged")
+    return None
 
 
 # --- the measuring process's side (the sandboxed export itself: grading.exporter) -----------------
@@ -222,7 +338,7 @@ class ProgramAttention:
     def __setstate__(self, state):
         self.__init__(state["folder"], state["table"], state["platform"], state.get("features", ()))
 
-    def program(self, sig: Signature):
+    def program(self, sig: "Signature | PagedSignature"):
         digest = self.table.get(sig.key)
         if digest is None:
             raise ProgramRefused(f"no exported program for the call {sig.describe()}")
@@ -248,6 +364,19 @@ class ProgramAttention:
         if sig.sinks:
             args += (jnp.asarray(sinks, jnp.float32),)
         return exported.call(*args)
+
+
+class ProgramPagedAttention(ProgramAttention):
+    """:class:`ProgramAttention` for the paged contract: each call dispatched by its :class:`PagedSignature`."""
+
+    def __call__(self, q, k_pages, v_pages, *, kv_lengths, page_indices, scale=None, causal=True, window_size=None,
+                 softcap=None, sinks=None):
+        import jax.numpy as jnp
+
+        sig = PagedSignature.of_call(q, k_pages, v_pages, kv_lengths=kv_lengths, page_indices=page_indices,
+                                     causal=causal, scale=scale, window_size=window_size, softcap=softcap, sinks=sinks)
+        args = (q, k_pages, v_pages, jnp.asarray(kv_lengths, jnp.int32), jnp.asarray(page_indices, jnp.int32))
+        return self.program(sig).call(*args, *((jnp.asarray(sinks, jnp.float32),) if sig.sinks else ()))
 
 
 def program_path(digest: str) -> str:
