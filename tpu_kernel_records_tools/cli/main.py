@@ -64,6 +64,9 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--candidate-dir", type=Path, metavar="DIR",
                    help="with --candidate: the folder of a kernel that spans several files, bound read-only into "
                         "the exporter's sandbox (only the candidate file itself otherwise)")
+    p.add_argument("--paged", action="store_true",
+                   help="with --candidate: the kernel follows the paged contract (paged_attention); graded by the "
+                        "paged rubric and timed at the profile's paged-decode cases beside the paged implementations")
     p.add_argument("--name", help="the submitted kernel's name in the records (a-z, 0-9, '.', '_', '-')")
     p.add_argument("--level", choices=("full", "quick"), default="full",
                    help="the rubric level a submitted kernel is graded at (default full)")
@@ -76,9 +79,9 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
 def _measure(args: argparse.Namespace) -> int:
     from ..measure.run import run_measure, run_submitted
 
-    if args.candidate is not None or args.name is not None:
+    if args.candidate is not None or args.name is not None or args.paged:
         if not (args.candidate and args.name):
-            raise ValueError("--candidate and --name go together")
+            raise ValueError("--candidate and --name go together" + (" (and --paged with them)" if args.paged else ""))
         from ..grading import memcg
         from ..grading.export import ProgramRefused
         warning = memcg.warning("tpu-kernel-records measure")
@@ -87,7 +90,8 @@ def _measure(args: argparse.Namespace) -> int:
         try:
             out = run_submitted(args.candidate, args.name, args.out, profile=args.profile, warmups=args.warmups,
                                 samples=args.samples, seed=args.seed, level=args.level, isolation=args.isolation,
-                                progress=not args.quiet, candidate_dir=args.candidate_dir)
+                                progress=not args.quiet, candidate_dir=args.candidate_dir,
+                                contract="paged" if args.paged else "attention")
         except ProgramRefused as error:
             print(f"tpu-kernel-records measure: refused: {error}", file=sys.stderr)
             return 1

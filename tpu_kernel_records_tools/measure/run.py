@@ -233,13 +233,16 @@ def summary(benchmark: dict[str, Any], correctness: dict[str, Any]) -> str:
 
 def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str | None = None,
                   warmups: int | None = None, samples: int | None = None, seed: int = 0, level: str = "full",
-                  isolation: str = "auto", progress: bool = True, candidate_dir: Path | None = None) -> Path:
+                  isolation: str = "auto", progress: bool = True, candidate_dir: Path | None = None,
+                  contract: str = "attention") -> Path:
     """``measure --candidate SPEC --name NAME`` (``measure.submission``): export the submitted kernel in a
     sandbox, grade the programs at ``level`` and time them beside XLA and the flash kernel at the
     profile's flash and model shapes; write one run with source ``submitted``, programs kept. The timed
     shapes' inputs, checked calls and rows follow from entropy drawn after the export (recorded as
     ``submission.check_entropy``); ``seed`` is the rubric's. ``candidate_dir``: the folder of a kernel
     that spans several files (``grading.candidates.resolve``'s ``root``), bound into the exporter's sandbox.
+    ``contract="paged"`` (``--paged``): a paged kernel, graded on the paged rubric and timed at the profile's
+    ``paged-decode`` cases beside the paged implementations.
 
     Raises ``ProgramRefused`` (one line) for an export that fails or a program that is refused, and
     ``ValueError`` / ``FileExistsError`` as ``run_measure``."""
@@ -255,13 +258,15 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
     with tempfile.TemporaryDirectory(prefix="submission-") as folder:
         entry, templates, programs, digests, grading = submission.prepare(
             spec, profile=prof, seed=seed, level=level, platform=platform, isolation=isolation, folder=Path(folder),
-            candidate_dir=candidate_dir)
+            candidate_dir=candidate_dir, contract=contract)
         card = submission.grade_programs(name, Path(folder), digests, grading, seed=seed, level=level,
-                                         platform=platform, features=tuple(entry.get("features", ())))
+                                         platform=platform, features=tuple(entry.get("features", ())),
+                                         contract=contract)
         entropy = timed_checks.draw_entropy()  # after the export: no program can know it
         card = submission.grade_timed_shapes(card, templates, programs, digests, entropy=entropy)
         files = {e["path"]: (Path(folder) / e["path"]).read_bytes() for e in entry["programs"]}
-    bench = submission.run_benchmark_with(prof, warmups=warmups, samples=samples, seed=seed, progress=progress)
+    bench = submission.run_benchmark_with(prof, warmups=warmups, samples=samples, seed=seed, progress=progress,
+                                          contract=contract)
     submission.time_submission(bench, templates, programs, digests, warmups=warmups, samples=samples, seed=seed,
                                entropy=entropy, device_kind=device_kind, progress=progress)
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes + [

@@ -13,6 +13,12 @@
    checks (``builder.submitted``).
 4. At the timed shapes the timed calls' inputs, the checked calls and the rows judged follow from
    entropy drawn after the export (``measure.timed_checks``); the rubric's ``seed`` sets only the grade.
+
+A paged kernel (``contract="paged"``, ``measure --candidate --paged``) goes the same way on the paged
+contract: its signatures are :class:`grading.export.PagedSignature`s (the paged rubric's calls, recorded on
+the paged reference, and one per ``paged-decode`` case of the profile that its declared features allow),
+the rubric grades :class:`grading.export.ProgramPagedAttention` on the paged checks, and the programs are
+timed (forward only) beside the paged implementations at those cases.
 """
 
 from __future__ import annotations
@@ -22,19 +28,22 @@ import importlib.machinery
 import re
 import tempfile
 import zlib
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import jax
 import numpy as np
+from kernel_src.contract import PAGED_FEATURES
 
 from ..bench import roofline, stats
 from ..bench.benchmark import BenchmarkResult, run_benchmark
-from ..bench.cases import MODEL_SCOPES, Case, Profile
+from ..bench.cases import MODEL_SCOPES, PAGED_SCOPES, Case, Profile
 from ..bench.submitted import roofline_floor_ms, time_program
-from ..grading.export import ProgramAttention, ProgramRefused, Signature, load_program, program_path
+from ..grading.export import (PagedSignature, ProgramAttention, ProgramPagedAttention, ProgramRefused, Signature,
+                              load_program, program_path)
 from ..grading.exporter import export_declared
-from .timed_checks import check_output, check_rng
+from .timed_checks import check_output, check_paged_output, check_rng
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,63}$")
 SUBMITTED = "submitted"  # the implementation name of a submitted kernel's cases
@@ -49,8 +58,17 @@ def check_name(name: str) -> str:
     return name
 
 
-def bench_scopes(profile: Profile) -> list[str]:
-    """The scopes a submission is timed at: ``flash`` and the profile's model scopes."""
+PAGED = "paged"  # the contract of a paged submission (grading.candidates.CONTRACTS)
+PAGED_TEMPLATE = "paged-xla"  # the paged implementation whose cases give a paged submission's timed shapes
+
+
+def bench_scopes(profile: Profile, contract: str = "attention") -> list[str]:
+    """The scopes a submission is timed at: ``flash`` and the profile's model scopes; ``paged-decode`` for
+    a paged kernel."""
+    if contract == PAGED:
+        if not profile.paged:
+            raise ProgramRefused(f"profile {profile.name!r} has no paged-decode cases to time a paged kernel at")
+        return list(PAGED_SCOPES)
     return ["flash"] + [s for s in profile.scopes if s in MODEL_SCOPES]
 
 
@@ -87,15 +105,32 @@ class _Recorder:
         return result
 
 
-def grading_signatures(seed: int, level: str, features: tuple[str, ...] = ()) -> list[Signature]:
+class _PagedRecorder:
+    """``_Recorder`` for the paged rubric: calls the paged reference in this process and notes each call."""
+
+    def __init__(self):
+        from ..grading.paged_candidates import paged_reference
+
+        self.fn = paged_reference
+        self.signatures: list[PagedSignature] = []
+        self.nonfinite, self.returned, self.timed_out, self.check = [], 0, False, ""
+
+    def paged_forward(self, p) -> np.ndarray:
+        self.signatures.append(PagedSignature.of_call(p.q, p.k_pages, p.v_pages, **p.kwargs))
+        self.returned += 1
+        return np.asarray(self.fn(p.q, p.k_pages, p.v_pages, **p.kwargs))
+
+
+def grading_signatures(seed: int, level: str, features: tuple[str, ...] = (), contract: str = "attention") -> list:
     """Every call signature the rubric makes at ``seed`` and ``level`` on a correct kernel that declares
-    ``features``."""
+    ``features`` (on the paged contract: the paged rubric's calls, as ``PagedSignature``s)."""
     from ..grading import checks as C
+    from ..grading.paged_checks import paged_checks_for
     from ..grading.rubric import checks_for
 
-    recorder = _Recorder()
+    recorder = _PagedRecorder() if contract == PAGED else _Recorder()
     ctx = C.Context(recorder, seed, level=level)
-    for spec in checks_for(features):
+    for spec in paged_checks_for(features) if contract == PAGED else checks_for(features):
         recorder.check = spec.name
         try:
             spec.run(ctx)
@@ -104,7 +139,11 @@ def grading_signatures(seed: int, level: str, features: tuple[str, ...] = ()) ->
     return list(dict.fromkeys(recorder.signatures))
 
 
-def case_signature(case: Case) -> Signature:
+def case_signature(case: Case) -> Signature | PagedSignature:
+    if case.scope in PAGED_SCOPES:  # (q, k_pages, v_pages, kv_lengths, page_indices), pools rows-first
+        q, k_pages, v_pages, lengths, table = case.abstract_args
+        return PagedSignature.of_call(q, k_pages, v_pages, kv_lengths=lengths, page_indices=table, causal=case.causal,
+                                      scale=case.shape["head_dim"] ** -0.5, window_size=case.window)
     q, k, v = case.abstract_args[:3]
     return Signature(tuple(q.shape), tuple(k.shape), tuple(v.shape), str(np.dtype(q.dtype)), case.causal,
                      case.padded, case.shape["head_dim"] ** -0.5)
@@ -154,13 +193,18 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
     from tqdm.auto import tqdm
 
     by_group: dict[tuple, list[str]] = {}
-    for case in bench.cases:
-        by_group.setdefault((case["scope"], case["seq_len"], case["shape"]["num_q_heads"]), []).append(case["case_id"])
+    for case in bench.cases:  # a paged case's peers: the implementations at its model, page size and context
+        group = ((submitted_case_id(_Recorded(case)),) if case["scope"] in PAGED_SCOPES
+                 else (case["scope"], case["seq_len"], case["shape"]["num_q_heads"]))
+        by_group.setdefault(group, []).append(case["case_id"])
     for case in tqdm(templates, desc="submitted", unit="case", disable=not progress):
         backward = case.scope == "model-fwd-bwd"
+        paged = case.scope in PAGED_SCOPES
         sig = case_signature(case)
         exported = programs[sig.key]
-        if backward:
+        if paged:
+            fn = exported.call
+        elif backward:
             def fn(q, k, v, d_out, exported=exported):
                 return jax.vjp(exported.call, q, k, v)[1](d_out)
         elif sig.has_lengths:
@@ -176,8 +220,9 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
         try:
             timing = time_program(fn, case.abstract_args, _fresh_inputs(case, entropy), warmups=warmups,
                                   samples=samples, entropy=entropy, key=case_id,
-                                  check=lambda i, host, out: check_output(
-                                      sig, host, out, backward=backward, rng=check_rng(entropy, case_id, i)))
+                                  check=lambda i, host, out: (check_paged_output if paged else partial(
+                                      check_output, backward=backward))(sig, host, out,
+                                                                        rng=check_rng(entropy, case_id, i)))
             record.update(samples_ms=timing.samples_ms, lower_ms=timing.lower_ms, compile_ms=timing.compile_ms,
                           transfer_ms=timing.transfer_ms, output_checks=timing.output_checks)
             record.update(stats.summarize(timing.samples_ms))
@@ -185,13 +230,20 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
         except Exception as error:  # noqa: BLE001 - recorded, and the builder refuses the run
             record.update(status="failed", error=f"{type(error).__name__}: {error}"[:2000], output_checks=[])
         bench.cases.append(record)
-        for other in by_group.get((case.scope, case.seq_len, case.shape["num_q_heads"]), []):
+        for other in by_group.get((case_id,) if paged else (case.scope, case.seq_len, case.shape["num_q_heads"]), []):
             ratio, low, high = (stats.ratio_of_medians(record["samples_ms"], _by_id(bench, other)["samples_ms"],
                                                        seed=seed, key=f"{case_id}/{other}")
                                 if record["status"] == "ok" and _by_id(bench, other)["status"] == "ok"
                                 else (None, None, None))
             bench.pairs.append({"scope": case.scope, "seq_len": case.seq_len, "numerator": case_id,
                                 "denominator": other, "ratio": ratio, "ci_low": low, "ci_high": high})
+
+
+class _Recorded:
+    """A benchmark record as ``submitted_case_id`` reads a case."""
+
+    def __init__(self, record: dict[str, Any]):
+        self.case_id, self.implementation = record["case_id"], record["implementation"]
 
 
 def _by_id(bench: BenchmarkResult, case_id: str) -> dict[str, Any]:
@@ -201,7 +253,7 @@ def _by_id(bench: BenchmarkResult, case_id: str) -> dict[str, Any]:
 def _template_record(case: Case) -> dict[str, Any]:
     return {"case_id": case.case_id, "scope": case.scope, "implementation": case.implementation,
             "seq_len": case.seq_len, "shape": dict(case.shape), "dtype": case.dtype, "causal": case.causal,
-            "padded": case.padded, "devices_used": 1, "status": "ok", "error": None, "interpret": False,
+            "padded": case.padded, **(case.mask_fields() if case.scope in PAGED_SCOPES else {}), "devices_used": 1, "status": "ok", "error": None, "interpret": False,
             "transfer_ms": None, "lower_ms": None, "compile_ms": None, "samples_ms": [],
             **stats.summarize([]), "peak_memory_bytes": None, "flops": case.flops, "bytes_moved": case.bytes_moved,
             **roofline.rates(None, None, None, "", 1), "stablehlo": None, "stablehlo_tpu": None}
@@ -214,7 +266,12 @@ def templates_for(profile: Profile, scopes: list[str], seed: int, platform: str)
     cases, _ = build_cases(profile, scopes, seed=seed, platform=platform)
     seen, out = set(), []
     for case in cases:
-        key = (case.scope, case.seq_len, case.shape["num_q_heads"], case.shape["num_kv_heads"])
+        if case.scope in PAGED_SCOPES:  # the XLA reference's pools are laid out as the contract's
+            if case.implementation != PAGED_TEMPLATE:
+                continue
+            key = (submitted_case_id(case),)
+        else:
+            key = (case.scope, case.seq_len, case.shape["num_q_heads"], case.shape["num_kv_heads"])
         if key not in seen:
             seen.add(key)
             out.append(case)
@@ -222,18 +279,22 @@ def templates_for(profile: Profile, scopes: list[str], seed: int, platform: str)
 
 
 def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str, isolation: str,
-            folder: Path, candidate_dir: Path | None = None) -> tuple[dict[str, Any], list[Case], dict[str, Any], dict[str, str], list[Signature]]:
+            folder: Path, candidate_dir: Path | None = None, contract: str = "attention",
+            ) -> tuple[dict[str, Any], list[Case], dict[str, Any], dict[str, str], list[Signature]]:
     """Signatures, export and checks: ``(submission entry, templates, programs by key, sha256 by key,
-    grading signatures)``; the programs' bytes are written under ``folder``. Raises ``ProgramRefused``."""
+    grading signatures)``; the programs' bytes are written under ``folder``. Raises ``ProgramRefused``.
+    ``contract``: ``"paged"`` for a paged kernel (timed at the paged cases its declared features allow)."""
     from ..grading import isolation as isolations
     from ..grading.candidates import resolve
 
-    templates = templates_for(profile, bench_scopes(profile), seed, platform)
-    bench_sigs = {case_signature(c).key: c for c in templates}
-    asked: dict[str, list[Signature]] = {}
+    templates = templates_for(profile, bench_scopes(profile, contract), seed, platform)
+    asked: dict[str, list] = {}
 
-    def wanted_for(features: tuple[str, ...]) -> list[Signature]:  # once the worker says what it declares
-        asked["grading"] = grading_signatures(seed, level, features)
+    def wanted_for(features: tuple[str, ...]) -> list:  # once the worker says what it declares
+        if contract == PAGED:
+            features = tuple(f for f in features if f in PAGED_FEATURES)
+            templates[:] = [c for c in templates if c.window is None or "window" in features]
+        asked["grading"] = grading_signatures(seed, level, features, contract)
         asked["wanted"] = list(dict.fromkeys([*asked["grading"], *(case_signature(c) for c in templates)]))
         return asked["wanted"]
 
@@ -242,7 +303,13 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
     except (isolations.IsolationUnavailable, ValueError) as e:
         raise ProgramRefused(str(e)) from None
     features, raw = export_declared(spec, wanted_for, platform=platform, isolation=where, root=candidate_dir)
+    if contract == PAGED:
+        features = tuple(f for f in features if f in PAGED_FEATURES)
+        if not templates:
+            raise ProgramRefused(f"profile {profile.name!r} has no paged-decode case the kernel's features "
+                                 f"({', '.join(features) or 'none'}) allow")
     grading, wanted = asked["grading"], asked["wanted"]
+    bench_sigs = {case_signature(c).key: c for c in templates}
     programs, digests, entries = {}, {}, {}
     grading_keys = {s.key for s in grading}
     for sig in wanted:
@@ -262,23 +329,26 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
     shown = f"{Path(target).name}:{function}" if file is not None and target.endswith(".py") else spec
     submission = {"spec": shown, "file_sha256": hashlib.sha256(file.read_bytes()).hexdigest() if file else None,
                   "platform": platform, "isolation": where, "programs": list(entries.values())}
+    if contract == PAGED:
+        submission["contract"] = PAGED
     if features:
         submission["features"] = list(features)
     return submission, templates, programs, digests, grading
 
 
 def grade_programs(name: str, folder: Path, digests: dict[str, str], grading: list[Signature], *, seed: int,
-                   level: str, platform: str, features: tuple[str, ...] = ()) -> dict[str, Any]:
+                   level: str, platform: str, features: tuple[str, ...] = (), contract: str = "attention") -> dict[str, Any]:
     """The rubric's scorecard of the stored programs (the grading signatures' only), with their hashes;
-    ``features``: what the submission declared (graded by their checks too)."""
+    ``features``: what the submission declared (graded by their checks too); ``contract``: ``"paged"``
+    grades them on the paged rubric."""
     from ..grading import rubric
     from ..grading.candidates import Candidate
 
     table = {s.key: digests[s.key] for s in grading}
-    program = ProgramAttention(str(folder), table, platform, features)
+    program = (ProgramPagedAttention if contract == PAGED else ProgramAttention)(str(folder), table, platform, features)
     candidate = Candidate(name, "external", f"Submitted kernel {name}, as the programs it exported.",
-                          lambda: program)
-    card = rubric.grade(candidate, seed=seed, level=level, isolation="process").to_dict()
+                          lambda: program, contract=contract)
+    card = rubric.grade(candidate, seed=seed, level=level, isolation="process", paged=contract == PAGED).to_dict()
     card["programs"] = sorted(set(table.values()))
     return card
 
@@ -297,6 +367,15 @@ def grade_timed_shapes(card: dict[str, Any], templates: list[Case], programs: di
         sig = case_signature(case)
         exported = programs[sig.key]
         case_id = submitted_case_id(case)
+        if case.scope in PAGED_SCOPES:  # forward only, as the paged contract
+            host = _fresh_inputs(case, entropy)(-100)
+            try:
+                ok, detail = check_paged_output(sig, host, exported.call(*host), rng=check_rng(entropy, case_id, GRADE_CALL))
+            except Exception as error:  # noqa: BLE001 - the program's failure is the check's verdict
+                ok, detail = False, f"raised {type(error).__name__}: {error}"[:300]
+            passed &= ok
+            details.insert(len(details) if ok else 0, f"{case_id}: {detail}")
+            continue
         host = _fresh_inputs(case, entropy)(-100)[:3]
         lengths = case.make_inputs()[3] if sig.has_lengths else None
         extra = (lengths,) if lengths is not None else ()
@@ -325,6 +404,7 @@ def scratch() -> tempfile.TemporaryDirectory:
     return tempfile.TemporaryDirectory(prefix="submission-")
 
 
-def run_benchmark_with(profile: Profile, *, warmups: int, samples: int, seed: int, progress: bool) -> BenchmarkResult:
-    return run_benchmark(profile, bench_scopes(profile), warmups=warmups, samples=samples, seed=seed,
+def run_benchmark_with(profile: Profile, *, warmups: int, samples: int, seed: int, progress: bool,
+                       contract: str = "attention") -> BenchmarkResult:
+    return run_benchmark(profile, bench_scopes(profile, contract), warmups=warmups, samples=samples, seed=seed,
                          progress=progress)

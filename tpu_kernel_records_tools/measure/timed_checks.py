@@ -78,6 +78,39 @@ def check_output(sig, host: list[np.ndarray], out: Any, *, backward: bool, rng: 
     return all(v.ok for v in verdicts), "; ".join(v.describe() for v in verdicts)
 
 
+def check_paged_output(sig, host: list[np.ndarray], out: Any, *, rng: np.random.Generator) -> tuple[bool, str]:
+    """Judge one paged call's output (``grading.export.PagedSignature``; host ``q, k_pages, v_pages,
+    kv_lengths, page_indices``): ``ROWS`` query rows, each as a problem of its own with q_len 1 over the keys
+    it sees (gathered from its pages: the first visible key to its position, so a window is a shorter
+    row), judged like a dense row (:func:`query_rows`). Softcap and sinks are not judged here."""
+    if sig.softcap is not None or sig.sinks:
+        raise ValueError("check_paged_output judges no softcap or sinks (no paged-decode case uses them)")
+    q, k_pages, v_pages, lengths, table = host[:5]
+    batch, q_len = q.shape[:2]
+    page_size = k_pages.shape[1]
+    flat = np.sort(rng.choice(batch * q_len, size=min(ROWS, batch * q_len), replace=False))
+    b, i = np.divmod(flat, q_len)
+    position = lengths[b].astype(np.int64) - q_len + i                     # the row's place in its sequence
+    high = np.minimum(lengths[b], position + 1) if sig.causal else lengths[b].astype(np.int64)
+    low = np.zeros_like(high)
+    if sig.window is not None:
+        left, right = sig.window
+        low = np.maximum(low, position - left) if left is not None else low
+        high = np.minimum(high, position + right + 1) if right is not None else high
+    high = np.maximum(high, low)
+    width = max(1, int((high - low).max()))
+    keys = np.zeros((len(b), width) + k_pages.shape[2:], k_pages.dtype)
+    values = np.zeros_like(keys)
+    for r, (row_b, lo, hi) in enumerate(zip(b, low, high)):
+        j = np.arange(lo, hi)
+        pages = table[row_b, j // page_size]
+        keys[r, :hi - lo], values[r, :hi - lo] = k_pages[pages, j % page_size], v_pages[pages, j % page_size]
+    got = np.asarray(jax.device_get(out))[b, i]
+    verdict = query_rows(sig, q[b, i][:, None], keys, values, None, np.arange(len(b)), np.zeros(len(b), np.int64),
+                         (high - low).astype(np.int64), got)
+    return verdict.ok, verdict.describe()
+
+
 def query_rows(sig, q, k, v, ct, b, i, limits, got):
     """The verdict on rows ``(b, i)`` of the output (``ct`` None) or of dQ: truth per (batch element, kv
     head) from :func:`_rows` (precision as :func:`key_rows` says), the reference's rows as the baseline."""
