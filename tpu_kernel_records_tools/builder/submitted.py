@@ -6,7 +6,8 @@ samples), a submitted run is a record only if:
 * ``program-file``: every program listed is a file of the run at ``programs/<sha256>.jaxexport`` whose
   bytes have that sha256 (a program replaced after the run, manifest and all, is refused);
 * ``graded-programs``: the scorecard names the programs it graded, all of them listed for grading;
-* ``graded-features``: the scorecard was graded on exactly the features the submission declared;
+* ``graded-features``: the scorecard was graded on exactly the features the submission declared, and on
+  its contract (``graded-contract``: a paged submission's scorecard is the paged rubric's);
 * ``graded-level``: under a TPU or GPU profile the scorecard is the rubric's full level (``--level
   quick`` is for trying a submission on a CPU, whose rows are labelled apart as not kernel speed);
 * ``timed-not-graded``: every timed case's program is one of the graded programs (the same bytes) and
@@ -89,6 +90,11 @@ def _graded(run: dict[str, Any], programs: dict[str, dict[str, Any]]) -> set[str
             if not graded:
                 _fail("graded-programs", "correctness.json", f"scorecards/{i}/programs",
                       "the scorecard names no program it graded")
+            contract = run["correctness"]["submission"].get("contract", "attention")
+            if card.get("contract", "attention") != contract:
+                _fail("graded-contract", "correctness.json", f"scorecards/{i}/contract",
+                      f"graded on the {card.get('contract', 'attention')!r} contract, but the submission is "
+                      f"{contract!r}")
             declared = run["correctness"]["submission"].get("features", [])
             if card.get("features", []) != declared:
                 _fail("graded-features", "correctness.json", f"scorecards/{i}/features",
@@ -101,6 +107,12 @@ def timed_signature(case: dict[str, Any]) -> dict[str, Any]:
     """The call a timed case makes (``grading.export.Signature.to_dict``), from its record: what
     ``measure.submission.case_signature`` exports for it."""
     s = case["shape"]
+    if case.get("page_size") is not None:  # a paged-decode case: grading.export.PagedSignature
+        d = {"contract": "paged", "q": [s["batch"], s["q_len"], s["num_q_heads"], s["head_dim"]],
+             "pool": [case["pool_pages"], case["page_size"], s["num_kv_heads"], s["head_dim"]],
+             "table": [s["batch"], case["pages"]], "dtype": case["dtype"], "causal": case["causal"],
+             "scale": s["head_dim"] ** -0.5}
+        return {**d, "window": list(case["window"])} if case.get("window") is not None else d
     kv = [s["batch"], s["kv_len"], s["num_kv_heads"], s["head_dim"]]
     return {"q": [s["batch"], s["q_len"], s["num_q_heads"], s["head_dim"]], "k": kv, "v": kv, "dtype": case["dtype"],
             "causal": case["causal"], "has_lengths": case["padded"], "scale": s["head_dim"] ** -0.5}
@@ -173,7 +185,10 @@ def check_submitted(run: dict[str, Any], read_file: Callable[[str], bytes] | Non
                 _fail("derived", "benchmark.json", f"cases/{i}/{field}",
                       f"{case[field]!r}, but the baselines at its shape have {peers[0][field]!r}")
         _check_timed(i, case, programs, graded, env["device_kind"], run["correctness"]["submission"]["check_entropy"])
-    missing = sorted(set(groups) - {c["case_id"] for c in timed.values()})
+    declared = run["correctness"]["submission"].get("features", [])
+    missing = sorted(set(groups) - {c["case_id"] for c in timed.values()} - {  # a window the kernel lacks
+        g for g, peers in groups.items() if peers[0].get("page_size") is not None
+        and peers[0].get("window") is not None and "window" not in declared})
     if missing:
         _fail("missing-case", "benchmark.json", "cases", f"no submitted case {missing[0]!r}")
     by_id = {c["case_id"]: c for c in bench["cases"]}
