@@ -69,12 +69,17 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
 def compute_on_cpu() -> None:
     """Calibrate on the CPU, with the compile options a grading worker on a CPU uses (``grading.worker``), as
     long as JAX's backend has not started in this process (it has not when the command starts)."""
+    import jax
+    from jax._src import xla_bridge
+
     from ..grading.candidates import CPU_COMPILE_OPTIONS
     from ..grading.worker import _add_xla_flags
 
-    os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    if os.environ["JAX_PLATFORMS"].strip().lower() == "cpu":
-        _add_xla_flags(CPU_COMPILE_OPTIONS)
+    if xla_bridge.backends_are_initialized():
+        return
+    jax.config.update("jax_platforms", "cpu")
+    os.environ["JAX_PLATFORMS"] = "cpu"  # and so for the sandboxed workers of a stranger's candidate
+    _add_xla_flags(CPU_COMPILE_OPTIONS)
 
 
 def _calibrate(args: argparse.Namespace) -> int:

@@ -11,29 +11,39 @@ speed is implied).
 
 **A trial** (:func:`seed_trials`) computes what the needed k depends on and nothing else: every check of
 the full level whose outcome holds tolerance verdicts (the candidate's errors against the float64 truth
-over the reference's errors; ``NUMERIC_CHECKS``: every base check but output-shape-dtype and determinism,
+over the reference's errors; :func:`numeric_checks`: every base check but output-shape-dtype and determinism,
 and each declared feature's check), run as the rubric runs them, on the very problems a full-level
 scorecard of that seed draws: the checks build them (``grading.checks.problems``), so shapes, values,
-dtypes and flags cannot differ (``tests/test_calibration.py`` compares them problem by problem, and the
-needed k with a full scorecard's). The trials of one seed are batched: the seed's problems, truth and
+dtypes and flags cannot differ (``tests/test_calibration.py`` compares them problem by problem, and, slow,
+the needed k of the reference's trial with its full scorecard's in the worker, at the quick level). The trials of one seed are batched: the seed's problems, truth and
 baselines are computed once, before its first candidate, and shared by all. A built-in (our own code)
 is called in this process through the worker's own request handler (``grading.worker``: the same
 calls, the same results as in its worker process), so its jitted functions and their compiled programs
 live across seeds (XLA caches them by shape: the fixed-size slots compile once per run). A file or
 module candidate is graded as any scorecard is, in its sandboxed worker (``grading.rubric``), unchanged.
 
-**Cost** (CPU seconds, ``cpu_s`` and ``shared_cpu_s`` of each trial record, summed by the report; a loaded
-2-core machine, jax 0.10.2; ``tpu-kernel-records calibrate --seeds 3 --trials /tmp/c.jsonl --markdown
-/tmp/c.md``, the five pure-JAX correct built-ins, seeds 0-2 and 1000-1002): about 33 CPU-s per
-candidate-seed, 6-7 of them the seed's shared problems, truth and baselines (about 35 CPU-s a seed, for
-all its candidates), the rest the candidate's: 20-25 compiling its programs for the seed's shapes and
-6-10 running them (the same calls a second time, compiled, take that long). The goal of <= 3 CPU-s per
-candidate-seed is not reached: running the full level's problems once (2,300 x 2,800 prefill, 131k-key
-caches, 64 heads) costs more than that even compiled, and every seed draws new shapes. Compile options
-that compile faster change the results (``xla_backend_optimization_level=0`` changed flash-style's bits)
-and so are not used. At about 33 CPU-s, 200 + 200 seeds of five candidates are about 18 CPU-hours: a
-run of ``--max-minutes 150`` under ``nice`` covers about 25-35 seeds' worth on a shared 2-core machine,
-and ``--resume`` continues.
+**Cost**, measured (CPU seconds of this process and its children, the ``cpu_s`` and ``shared_cpu_s`` of each
+trial record, which the report sums; a shared 2-core machine at load 7-12, jax 0.10.2)::
+
+    tpu-kernel-records calibrate --seeds 3 --candidate reference --candidate rounded-probs \
+        --candidate online-softmax --candidate flash-style --candidate per-head-dkv \
+        --trials /tmp/short.jsonl --markdown /tmp/short.md
+
+gave, on seeds 0, 1000, 1, 1001 (20 trials), **38 CPU-s per candidate-seed**: 7.5 of them the trial's
+share of its seed's problems, truth and baselines (36-42 CPU-s a seed, for all its candidates), and
+30.6 the candidate's own (reference 24, per-head-dkv 31, flash-style 31, online-softmax 32,
+rounded-probs 35). The goal of <= 3 CPU-s per candidate-seed is not reached. The candidate's share is
+mostly compiling: every seed draws new shapes at the full level (lengths like ``1024 + r(1, 300)``
+recur rarely across seeds), and the same calls a second time, compiled, take 6.7 (rounded-probs) to
+10 (flash-style) CPU-s, running the full level's problems (a 2,300 x 2,800 prefill, 131k-key caches,
+64 heads). At the quick level, whose shapes are fixed, a trial after the first seed costs 0.1 CPU-s.
+Compile options that give the same bits do not help (``xla_llvm_disable_expensive_passes``: flash-style
+29.5 CPU-s cold against 29.1), and ``xla_backend_optimization_level=0`` changes flash-style's results,
+so neither is used. Reaching 3 CPU-s needs full-level shapes that recur (drawn from buckets), which
+changes what the rubric grades. At 38 CPU-s, 200 + 200 seeds of the seven correct pure-JAX built-ins
+are about 30 CPU-hours: a ``--max-minutes 150`` piece under ``nice`` covers about 15-20 of the 400 seeds
+where it gets half of one core (a busy 2-core machine), and ``--resume`` continues. The interpret-mode kernels
+cost more (quick level, first seed: pallas 12, flash-triton 64, flash 154 CPU-s), hence ``--kernel-seeds``.
 
 **The sweep** (:func:`run`) goes seed by seed (calibration and held-out seeds alternate, so a partial run
 holds both), appends each trial to a JSON Lines file as it finishes (``grading.trials_file``: a killed
@@ -51,6 +61,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
+
+import numpy as np
 
 from ..grading import checks as C
 from ..grading import power
@@ -151,6 +163,7 @@ class InProcessRunner(Runner):
     def _exchange(self, what: str, p, header: dict, arrays: list, count: int):
         if self.down is not None:
             raise CandidateFailure(f"not run: {self.down}")
+        arrays = [np.array(a, copy=True) for a in arrays]  # fresh buffers, as the worker receives: never the grader's
         try:
             reply, results = self.server.call(header, arrays)
         except Exception as e:  # the worker reports a raising candidate the same way
