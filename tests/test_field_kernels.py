@@ -85,6 +85,7 @@ def _grade(adapter: str, level: str = "quick", seed: int = 0, features: tuple[st
     return card
 
 
+@pytest.mark.slow
 def test_jax_dot_product_attention_xla_is_accepted():
     """Base checks and the window check (its local_window_size) at the quick level."""
     _grade("xla_dot_product_attention", features=("window",))

@@ -83,6 +83,7 @@ def test_every_feature_gives_in_a_layout_exactly_what_the_in_place_layout_gives(
     assert not np.array_equal(plain[0], expected[0])  # the features changed the output
 
 
+@pytest.mark.slow  # 10 s alone; the layouts' bit-for-bit tests stay in the default run
 def test_the_rows_layout_reads_no_word_before_it_is_written(tpu_interpret):
     """TPU interpret mode fills scratch and outputs with NaN: a 32-bit copy read before it is
     made, or an output block left unwritten, would show; and no races."""
