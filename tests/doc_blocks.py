@@ -49,15 +49,18 @@ def blocks(langs: tuple[str, ...], paths: list[Path] | None = None) -> list[Bloc
 
 def shell_commands(block: Block) -> list[list[str]]:
     """argv of every command in a shell block: continuations joined, comments dropped, split at ``&&``,
-    ``;`` and ``|``."""
+    ``;``, ``|`` and a trailing ``&``, redirections (``> FILE``, ``2>&1``) dropped."""
     commands = []
     for line in block.text.replace("\\\n", " ").splitlines():
         argv: list[str] = []
-        for token in shlex.split(line, comments=True):
-            if token in ("&&", ";", "|", "||"):
+        tokens = iter(shlex.split(line, comments=True))
+        for token in tokens:
+            if token in ("&&", ";", "|", "||", "&"):
                 commands.append(argv)
                 argv = []
-            else:
+            elif token in (">", ">>", "<", "2>"):
+                next(tokens, None)
+            elif not re.fullmatch(r"\d?>&\d", token):
                 argv.append(token)
         commands.append(argv)
     return [argv for argv in commands if argv]

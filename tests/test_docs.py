@@ -18,7 +18,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from doc_blocks import PYTHON, REPO, SCRIPTS, SHELL, blocks, inline_commands, shell_commands, user_documents
+from doc_blocks import PYTHON, REPO, Block, SCRIPTS, SHELL, blocks, inline_commands, shell_commands, user_documents
 from tpu_kernel_records_tools.builder import fields
 from tpu_kernel_records_tools.cli import main as records_cli
 from tpu_kernel_records_tools.cli import rubric as rubric_cli
@@ -27,6 +27,7 @@ from tpu_kernel_records_tools.records.columns import COLUMNS
 from tpu_kernel_records_tools.records.schema import CONFIG_NAMES, FEATURES
 
 EXTRAS = set(importlib.metadata.metadata("tpu-kernel-records").get_all("Provides-Extra") or ())
+WRAPPERS = {"sudo", "nohup", "nice"}
 OTHER_COMMANDS = {"python", "pytest", "kaggle", "sudo", "apt-get", "dnf", "sysctl", "dask", "hf"}
 OWN_MODULES = ("tpu_kernel_records", "kernel_src")  # a from-import of these must name something that exists
 EXAMPLE = "examples/simple_attention.py:attention"
@@ -87,8 +88,8 @@ def check(argv: list[str], markers: set[str] = frozenset({"slow"})) -> list[str]
     """Why a documented command would not run as written (empty: it would, as far as can be told
     without running it); a --help, --version or --list of the project's commands is run. ``markers``:
     pytest's registered markers."""
-    if argv[0] == "sudo":
-        argv = argv[1:]
+    while argv and argv[0] in WRAPPERS:  # sudo, nohup, nice [-n N]: the command they run is what counts
+        argv = argv[3:] if argv[0] == "nice" and argv[1:2] == ["-n"] else argv[1:]
     command, args = argv[0], argv[1:]
     problems = _path_problems(args)
     if command in SCRIPTS:
@@ -133,6 +134,18 @@ def test_the_checker_catches_a_renamed_flag_module_path_and_command():
     assert check(["pytest", "-m", "slowly"])
     assert check(["tpu-kernel-record", "--help"])
     assert not check(["tpu-kernel-records", "measure", "--help"])
+
+
+def test_a_background_command_is_checked_as_the_command_it_runs():
+    """nohup, nice -n N and redirections wrap the command; a typo inside them is still caught."""
+    def argv(line):
+        return shell_commands(Block(REPO / "README.md", 1, "bash", line))
+
+    assert argv("nohup nice -n 19 tpu-kernel-records calibrate --resume > log 2>&1 &") == [
+        ["nohup", "nice", "-n", "19", "tpu-kernel-records", "calibrate", "--resume"]]
+    assert not check(argv("nohup nice -n 19 tpu-kernel-records calibrate --resume > log 2>&1 &")[0])
+    assert check(argv("nohup nice -n 19 tpu-kernel-records calibrate --resme > log 2>&1 &")[0])
+    assert check(argv("nice -n 19 tpu-kernel-record --help")[0])
 
 
 def test_every_python_block_compiles_and_imports_what_exists():

@@ -260,6 +260,7 @@ print(json.dumps(doc))
 """
 
 
+@pytest.mark.slow  # a measure run in a child process with two host devices: 24 s on a loaded machine
 def test_flash_and_sharded_scopes_on_two_host_devices():
     """The flash and sharded scopes on 2 forced host devices (a fresh process: XLA_FLAGS must be
     set before JAX starts)."""
