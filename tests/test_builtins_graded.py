@@ -54,6 +54,7 @@ def test_the_sharded_entry_point_passes_on_two_devices(monkeypatch):
     assert card.passed, _failures(card)
 
 
+@pytest.mark.slow  # in-process, test_checks_quick's test_scale rejects the same defect in the default run
 def test_a_kernel_that_ignores_an_explicit_scale_fails_the_scale_check():
     card = grade(f"{ADAPTERS}:ignores_scale", seed=0, **QUICK)
     failed = {c.name for c in card.checks if not c.passed}

@@ -169,6 +169,7 @@ def test_every_check_has_a_test_here():
     assert set(PASS_DETAIL) == set(SPECS)
 
 
+@pytest.mark.slow  # the reference's pass of every check is in the default run through the CLI (test_rubric_cli)
 @pytest.mark.parametrize("check", list(PASS_DETAIL))
 def test_the_reference_passes(check):
     outcome = run(check, REFERENCE)

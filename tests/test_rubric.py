@@ -163,7 +163,8 @@ def test_new_known_bad_is_caught_at_the_full_level_by_its_check(name, full_refer
 
 @pytest.mark.parametrize("name", [pytest.param("head-dim-tile", marks=pytest.mark.slow),
                                   pytest.param("query-tile-local-causal", marks=pytest.mark.slow),
-                                  pytest.param("key-tile-wrap", marks=pytest.mark.slow), "large-kv-top-left",
+                                  pytest.param("key-tile-wrap", marks=pytest.mark.slow),
+                                  pytest.param("large-kv-top-left", marks=pytest.mark.slow),
                                   pytest.param("split-kv-without-maxima", marks=pytest.mark.slow)])
 def test_new_known_bad_is_exact_at_the_quick_shapes(name):
     """Their bugs are invisible at the old toy shapes: that is why the full level exists."""
