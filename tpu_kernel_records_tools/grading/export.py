@@ -45,6 +45,13 @@ class ProgramRefused(ValueError):
     """A submitted program (or its export) that cannot be graded or timed; one line says why."""
 
 
+
+def _unset_features_dropped(d: dict[str, Any], unset: dict[str, Any]) -> dict[str, Any]:
+    """``d`` with ``window`` as a list and each feature field that holds its unset value left out (so a call
+    without features keys as it did before features existed, and older runs' programs keep their keys)."""
+    d["window"] = None if d["window"] is None else list(d["window"])
+    return {name: value for name, value in d.items() if name not in unset or value != unset[name]}
+
 @dataclass(frozen=True)
 class Signature:
     """One call of the contract as a program sees it: shapes, dtypes and the static arguments."""
@@ -85,11 +92,7 @@ class Signature:
         """The base fields always; a feature's field only when the call uses it (so a base call's key is
         what it was before features existed, and older runs' programs keep their keys)."""
         d = {**asdict(self), "q": list(self.q), "k": list(self.k), "v": list(self.v)}
-        d["window"] = None if self.window is None else list(self.window)
-        for name, unset in (("window", None), ("softcap", None), ("segments", False), ("sinks", False)):
-            if d[name] == unset:
-                del d[name]
-        return d
+        return _unset_features_dropped(d, {"window": None, "softcap": None, "segments": False, "sinks": False})
 
     @property
     def key(self) -> str:
@@ -171,11 +174,7 @@ class PagedSignature:
         """``contract: "paged"`` and the base fields; a feature's field only when the call uses it."""
         d = {"contract": self.contract, **asdict(self), "q": list(self.q), "pool": list(self.pool),
              "table": list(self.table)}
-        d["window"] = None if self.window is None else list(self.window)
-        for name, unset in (("window", None), ("softcap", None), ("sinks", False)):
-            if d[name] == unset:
-                del d[name]
-        return d
+        return _unset_features_dropped(d, {"window": None, "softcap": None, "sinks": False})
 
     @property
     def key(self) -> str:
