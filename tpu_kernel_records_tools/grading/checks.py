@@ -342,7 +342,8 @@ def check_causal_leak(ctx: Context) -> Outcome:
 def check_padding_leak(ctx: Context) -> Outcome:
     def build(r):
         out = []
-        for trial, slot in enumerate(ctx.slots("accum", "decode", "serve8", "spec", "longcache")):
+        for trial, slot in enumerate(ctx.slots("accum", "decode", "serve8", "spec", "longcache", "longdecode",
+                                               "longspec")):
             rng = r(trial)
             p = ctx.problem(rng, slot)
             hidden = np.arange(p.k.shape[1])[None, :] >= p.lengths[:, None]

@@ -71,7 +71,8 @@ drawn at least twice with different values in one grade. Per check (``grading.ch
 forward-accuracy long, accum, batch, ahead, serve8, spec, longcache (twice: random, and V constant
 along keys, which a bfloat16 running sum cannot return exactly), longdecode, longspec, prefill,
 exact512, exact2048, exact4096; gradients long, accum, decode, gqa, heads40, exact512; causal-leak long, ahead, spec,
-prefill, exact2048, exact4096; padding-leak accum, decode, serve8, spec, longcache; empty-rows batch,
+prefill, exact2048, exact4096; padding-leak accum, decode, serve8, spec, longcache, longdecode,
+longspec; empty-rows batch,
 ahead, serve8 (gradients); mask-readout readout (one-hot V, twice); gqa-mapping gqa (three draws), and
 heads[h], mha[h] (V = kv head + 1, and a random draw, each); large-logits needle (logits ~ +-500;
 needles, forward and gradients) and decode (needles); peaky-attention gqa, batch; scale every small[d],
