@@ -154,15 +154,8 @@ def paged_keys(q_len: int, length: int, causal: bool,
     """``(visible pairs, keys read)`` of one paged sequence of ``length`` keys whose ``q_len`` new rows
     are its last positions: pairs under the contract's masks (``visible_pairs``), and the keys some
     row sees (the union of the rows' intervals)."""
-    position = np.arange(q_len, dtype=np.int64) + (int(length) - q_len)  # may be < 0: sees no key
-    lo, hi = np.zeros(q_len, np.int64), np.full(q_len, int(length) - 1, np.int64)
-    if causal:
-        hi = np.minimum(hi, position)
-    left, right = window if window is not None else (None, None)
-    if left is not None:
-        lo = np.maximum(lo, position - int(left))
-    if right is not None:
-        hi = np.minimum(hi, position + int(right))
+    # the sequence's keys as a dense cache of exactly its length: row i at position length - q_len + i (< 0: no key)
+    lo, hi = _row_intervals(q_len, int(length), causal, int(length), window)
     keep = hi >= lo
     if not keep.any():
         return 0, 0
