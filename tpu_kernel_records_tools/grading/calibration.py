@@ -205,7 +205,7 @@ def seed_problems(seed: int, level: str = "full", features: Sequence[str] = FEAT
 
 
 def _trial(runner: Runner, cand: Candidate, seed: int, level: str) -> "Scorecard":  # noqa: F821
-    from ..grading.rubric import CheckResult, Scorecard, _finite
+    from ..grading.rubric import CheckResult, Scorecard, _finite, run_check
 
     runner.new_scorecard()
     error = None if runner.alive else runner.start()
@@ -215,17 +215,8 @@ def _trial(runner: Runner, cand: Candidate, seed: int, level: str) -> "Scorecard
     ctx = C.Context(runner, seed, level=level)
     results, verdicts = [], {}
     for spec in numeric_checks(runner.features):
-        runner.check = spec.name
-        try:
-            outcome = spec.run(ctx)
-        except CandidateFailure as e:
-            outcome = C.Outcome(False, str(e))
-        except Exception as e:  # noqa: BLE001  as the rubric: never a traceback
-            outcome = C.Outcome(False, f"could not evaluate the candidate's results: {type(e).__name__}: {e}")
-        verdicts[spec.name] = outcome.verdicts
-        results.append(CheckResult(spec.name, outcome.passed, float(spec.points) if outcome.passed else 0.0,
-                                   float(spec.points), outcome.detail, outcome.error, outcome.tolerance,
-                                   outcome.baseline_error))
+        result, verdicts[spec.name] = run_check(spec, ctx)
+        results.append(result)
     results.append(_finite(runner))
     return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts,
                      features=runner.features, isolation=runner.isolation)

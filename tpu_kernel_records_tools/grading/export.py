@@ -46,6 +46,16 @@ class ProgramRefused(ValueError):
 
 
 
+
+def _static_feature_kwargs(window, softcap) -> dict[str, Any]:
+    """``window_size`` and ``softcap`` as a call passes them, each only when set."""
+    kw: dict[str, Any] = {}
+    if window is not None:
+        kw["window_size"] = window
+    if softcap is not None:
+        kw["softcap"] = softcap
+    return kw
+
 def _unset_features_dropped(d: dict[str, Any], unset: dict[str, Any]) -> dict[str, Any]:
     """``d`` with ``window`` as a list and each feature field that holds its unset value left out (so a call
     without features keys as it did before features existed, and older runs' programs keep their keys)."""
@@ -112,11 +122,7 @@ class Signature:
 
     def feature_kwargs(self, extra: tuple) -> dict[str, Any]:
         """The feature keyword arguments of a call, ``extra`` being the arrays after q, k, v[, kv_lengths]."""
-        kw: dict[str, Any] = {}
-        if self.window is not None:
-            kw["window_size"] = self.window
-        if self.softcap is not None:
-            kw["softcap"] = self.softcap
+        kw = _static_feature_kwargs(self.window, self.softcap)
         extra = list(extra)
         if self.segments:
             kw["q_segment_ids"], kw["kv_segment_ids"] = extra.pop(0), extra.pop(0)
@@ -193,11 +199,7 @@ class PagedSignature:
 
     def feature_kwargs(self, extra: tuple) -> dict[str, Any]:
         """The feature keyword arguments of a call, ``extra`` being the arrays after the page table."""
-        kw: dict[str, Any] = {}
-        if self.window is not None:
-            kw["window_size"] = self.window
-        if self.softcap is not None:
-            kw["softcap"] = self.softcap
+        kw = _static_feature_kwargs(self.window, self.softcap)
         if self.sinks:
             kw["sinks"] = extra[0]
         return kw

@@ -212,20 +212,26 @@ def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str, features
     if features and not paged:  # their problems are built while the base checks run
         C.plan_ahead(seed, level, [FEATURE_CHECKS[f] for f in features])
     for spec in paged_checks_for(features) if paged else checks_for(features):
-        runner.check = spec.name
-        try:
-            outcome = spec.run(ctx)
-        except C.CandidateFailure as e:
-            outcome = C.Outcome(False, str(e))
-        except Exception as e:  # e.g. an output the check cannot even compare; never a traceback
-            outcome = C.Outcome(False, f"could not evaluate the candidate's results: {type(e).__name__}: {e}")
-        verdicts[spec.name] = outcome.verdicts
-        results.append(CheckResult(spec.name, outcome.passed, float(spec.points) if outcome.passed else 0.0,
-                                   float(spec.points), outcome.detail, outcome.error, outcome.tolerance,
-                                   outcome.baseline_error))
+        result, verdicts[spec.name] = run_check(spec, ctx)
+        results.append(result)
     results.append(_finite(runner))
     return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts, features=features,
                      contract="paged" if paged else "attention")
+
+
+def run_check(spec: C.CheckSpec, ctx: C.Context) -> tuple[CheckResult, list]:
+    """One check on ``ctx``'s runner: its result (full points or none) and its verdicts. A candidate's
+    failure, or an output the check cannot even compare, fails the check; never a traceback."""
+    ctx.runner.check = spec.name
+    try:
+        outcome = spec.run(ctx)
+    except C.CandidateFailure as e:
+        outcome = C.Outcome(False, str(e))
+    except Exception as e:  # noqa: BLE001
+        outcome = C.Outcome(False, f"could not evaluate the candidate's results: {type(e).__name__}: {e}")
+    result = CheckResult(spec.name, outcome.passed, float(spec.points) if outcome.passed else 0.0,
+                         float(spec.points), outcome.detail, outcome.error, outcome.tolerance, outcome.baseline_error)
+    return result, outcome.verdicts
 
 
 def _finite(runner: C.Runner) -> CheckResult:
