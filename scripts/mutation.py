@@ -53,6 +53,8 @@ PKG = "tpu_kernel_records_tools"
 TARGETS = {t.name: t for t in (
     Target("tolerance", f"{PKG}/grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
     Target("truth", f"{PKG}/grading/oracle.py", ("tests/test_truth.py", "tests/test_truth_features.py"), 20),
+    Target("paged-truth", f"{PKG}/grading/paged_oracle.py", ("tests/test_paged_truth.py",), 8),
+    Target("paged-checks", f"{PKG}/grading/paged_checks.py", ("tests/test_paged_grading.py",), 8),
     Target("features", f"{PKG}/grading/feature_checks.py",
            ("tests/test_features_grading.py", "tests/test_feature_builtins.py"), 12),
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),

@@ -60,3 +60,21 @@ def test_a_causal_leak_is_explained_by_the_row_it_happens_in(sign):
         assert "under bottom-right causal this row sees no key" in why and "allows j <=" not in why
     assert sign < 0 or "sees no key" not in why
     assert sign > 0 or i + offset < 0  # the first leak lies in a row that sees nothing
+
+
+@pytest.mark.parametrize("level", ["quick", "full"])
+def test_a_problem_asked_for_an_empty_sequence_has_one(level):
+    """``zero_batch`` gives that sequence length 0 in a slot drawn with kv_lengths (empty-rows' batch probe)."""
+    ctx = C.Context(InProcessRunner(lambda *a, **k: None), 0, level=level)
+    p = ctx.problem(np.random.default_rng(0), "batch", zero_batch=1)
+    assert p.lengths is not None and p.lengths[1] == 0 and p.lengths.max() > 0
+
+
+def test_first_difference_of_arrays_of_other_shapes_or_dtypes_is_the_empty_index():
+    a = np.arange(6, dtype=np.float32)
+    assert C._first_difference(a, a.copy()) is None
+    assert C._first_difference(a, a[:4]) == () and C._first_difference(a[:4], a) == ()
+    assert C._first_difference(a, a.astype(np.float64)) == ()
+    b = a.copy()
+    b[3] = -1
+    assert C._first_difference(a, b) == (3,)
