@@ -39,6 +39,7 @@ def graded(monkeypatch):
             calls.append((name, seed))
             on_trial(_record(name, seed))
     monkeypatch.setattr(cal, "seed_trials", fake)
+    monkeypatch.setattr(cal, "distribution_digest", lambda level="full": "today")
     return calls
 
 
@@ -98,6 +99,46 @@ def test_another_sweeps_file_is_refused(tmp_path, graded):
     with pytest.raises(ValueError, match="another sweep"):
         cal.run([("a", 0)], out=out, resume=True, progress=False)
     assert graded == []
+
+
+def test_trials_drawn_from_another_distribution_are_not_added_to(tmp_path, graded, monkeypatch):
+    out = tmp_path / "trials.jsonl"
+    cal.run([("a", 0)], out=out, progress=False)
+    assert trials_file.read(out).header["sweep"]["problems"] == "today"
+    monkeypatch.setattr(cal, "distribution_digest", lambda level="full": "after a check changed")
+    with pytest.raises(ValueError, match="another sweep"):
+        cal.run([("a", 0), ("a", 1000)], out=out, resume=True, progress=False)
+    assert graded == [("a", 0)]
+    assert [t["seed"] for t in cal.read_trials(out)[0]] == [0]  # the report still reads them
+
+
+def test_the_distribution_digest_follows_every_input_of_every_drawn_problem(monkeypatch):
+    """Stable from one call to the next; another value law (one input of one problem changed by one) or
+    another shape changes it; and the seed's problems are not kept afterwards."""
+    monkeypatch.setattr(C, "compute_ahead", lambda found: None)
+    monkeypatch.setattr(C, "_CACHE", {})
+    today = cal.distribution_digest("quick")
+    assert today == cal.distribution_digest("quick") and len(today) == 64
+    assert not any(key[:2] == (0, "quick") for key in C._CACHE)
+    real = cal.seed_problems
+
+    def changed(how):
+        def draw(*args, **kwargs):
+            found = real(*args, **kwargs)
+            found[-1] = how(found[-1])
+            return found
+        return draw
+
+    def one_value(p):
+        v = p.host("v")
+        v.flat[-1] += 1.0
+        return p.replace(p.label, v=v)
+
+    monkeypatch.setattr(cal, "seed_problems", changed(one_value))
+    assert cal.distribution_digest("quick") != today
+    shorter = lambda p: p.replace(p.label, q=p.host("q")[:, :-1], ct=None if p.ct is None else p.host("ct")[:, :-1])  # noqa: E731
+    monkeypatch.setattr(cal, "seed_problems", changed(shorter))
+    assert cal.distribution_digest("quick") != today
 
 
 def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
@@ -183,6 +224,7 @@ def test_the_trials_needed_k_is_the_full_scorecards():
     from tpu_kernel_records_tools.grading.rubric import grade_seeds
 
     (trial,) = cal.seed_trials(5, ["reference"], level="quick")
+    assert not any(key[:2] == (5, "quick") for key in C._CACHE)  # a finished seed's problems are let go
     (card,) = grade_seeds("reference", [5], level="quick")
     full = power.trial_record(resolve("reference"), 5, card, 0.0)
     assert trial["passed"] and full["passed"] and trial["trial"] == "numeric"

@@ -55,6 +55,8 @@ file holds (``--report-only`` grades nothing), and says how many seeds of each s
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import resource
 import time
@@ -280,15 +282,43 @@ def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", runners
         records.append(record)
         if on_trial is not None:
             on_trial(record)
+    _forget(seed, level)
     return records
 
 
 # --------------------------------------------------------------------------------------------------
 # The sweep.
 
-def header(level: str) -> dict:
-    """The first line of a calibration's trials file: what its trials mean (a resume must match it)."""
-    return {"sweep": {"format": FORMAT, "kind": "calibration", "level": level, "policy": POLICY.to_dict()}}
+def distribution_digest(level: str = "full") -> str:
+    """SHA-256 of what the trials of ``level`` are drawn from: every problem the numeric checks of a candidate
+    declaring every feature draw on seed 0 (check order; labels, dtypes, flags and the bytes of every input).
+    A change to a check's problems (a new slot, another size range or value law) changes it, so trials drawn
+    before the change are never mixed with trials drawn after it (:func:`run` refuses the file)."""
+    digest = hashlib.sha256()
+    for p in seed_problems(0, level, FEATURES, prepare=False):
+        flags = [p.label, p.dtype, p.causal, p.scale, p.window, p.softcap]
+        digest.update(json.dumps(flags).encode())
+        for x in (p.q, p.k, p.v, p.ct, p.lengths, p.q_segments, p.kv_segments, p.sinks):
+            if x is not None:
+                x = np.ascontiguousarray(np.asarray(x))
+                digest.update(f"{x.dtype}{x.shape}".encode())
+                digest.update(x.reshape(-1).view(np.uint8))
+    _forget(0, level)
+    return digest.hexdigest()
+
+
+def _forget(seed: int, level: str) -> None:
+    """Drop the problems (inputs, truth, baselines) of ``seed`` kept by ``grading.checks``: a sweep never
+    comes back to a seed, and a full-level seed holds gigabytes."""
+    for key in [k for k in C._CACHE if k[:2] == (seed, level)]:
+        del C._CACHE[key]
+
+
+def header(level: str, digest: str | None = None) -> dict:
+    """The first line of a calibration's trials file: what its trials mean (a resume must match it), with
+    the ``distribution_digest`` of the problems they were drawn from when ``digest`` is given."""
+    sweep = {"format": FORMAT, "kind": "calibration", "level": level, "policy": POLICY.to_dict()}
+    return {"sweep": sweep if digest is None else {**sweep, "problems": digest}}
 
 
 @dataclass
@@ -306,7 +336,9 @@ def read_trials(path: Path, level: str = "full") -> tuple[list[dict], list[str]]
     from ..grading import trials_file
 
     found = trials_file.read(path)
-    if found.header != header(level):
+    sweep = dict(found.header.get("sweep") or {}) if isinstance(found.header, dict) else {}
+    sweep.pop("problems", None)  # what they were drawn from is checked by a run that adds to them
+    if {"sweep": sweep} != header(level):
         raise ValueError(f"{path} holds another sweep (its first line is not {header(level)})")
     notes = [] if found.cut_off is None else [_cut_off_note(path, found.cut_off)]
     return [line["trial"] for line in found.lines if "trial" in line], notes
@@ -324,7 +356,7 @@ def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | No
     serially in this process, seed by seed; stop before the next trial once ``budget_s`` has passed."""
     from tqdm.auto import tqdm
 
-    log, found = TrialsFile.open(out, header(level), resume)
+    log, found = TrialsFile.open(out, header(level, None if out is None else distribution_digest(level)), resume)
     result = Sweep()
     done: dict[tuple[str, int], dict] = {}
     if found is not None:
