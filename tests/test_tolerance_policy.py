@@ -217,6 +217,7 @@ def test_the_policy_reports_what_it_applies():
     assert d["floor"]["float32_eps_multiple"] == CALIBRATED["floor_ulps"]
     assert d["floor"]["value"] == pytest.approx(CALIBRATED["floor_ulps"] * ULP, rel=1e-12)
     assert tolerance.POLICY.k(True) == CALIBRATED["gradient"] and tolerance.POLICY.k(False) == CALIBRATED["forward"]
+    assert d["allowed_roundings"] == ["reference", "dk-dv-per-query-head", "dq-dk-with-di-from-stored-output"]
 
 
 def test_describe_names_the_binding_error_its_bound_and_the_outcome():
@@ -240,15 +241,15 @@ def test_an_alternative_rounding_raises_each_bound_to_the_larger_baseline_error(
     baseline = truth + _spread(level)  # norm = worst = level
     alternative = truth + _spike(3 * level)  # norm 3 level / 8, worst 3 level
     k, floor = CALIBRATED["gradient"], CALIBRATED["floor_ulps"] * ULP
-    v = judge("dk", truth, truth, baseline, "float32", gradient=True, magnitude=mag, alternative=alternative)
+    v = judge("dk", truth, truth, baseline, "float32", gradient=True, magnitude=mag, alternatives=(alternative,))
     assert v.tol_norm == pytest.approx(k * level + floor, rel=1e-12)
     assert v.tol_worst == pytest.approx(k * 3 * level + floor, rel=1e-12)
-    swapped = judge("dk", truth, truth, alternative, "float32", gradient=True, magnitude=mag, alternative=baseline)
+    swapped = judge("dk", truth, truth, alternative, "float32", gradient=True, magnitude=mag, alternatives=(baseline,))
     assert (swapped.tol_norm, swapped.tol_worst) == pytest.approx((v.tol_norm, v.tol_worst), rel=1e-12)
     for factor, ok in ((1 - JUST, True), (1 + JUST, False)):
         cand = truth + _spike(factor * v.tol_worst)
         assert judge("dk", cand, truth, baseline, "float32", gradient=True, magnitude=mag,
-                     alternative=alternative).ok is ok
+                     alternatives=(None, alternative)).ok is ok
     assert not judge("dk", truth + _spike(2 * k * level), truth, baseline, "float32", gradient=True,
                      magnitude=mag).ok  # without the alternative the same spike fails
 

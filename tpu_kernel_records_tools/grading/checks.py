@@ -274,7 +274,8 @@ def check_forward_accuracy(ctx: Context) -> Outcome:
 
 
 def _gradient_verdicts(ctx: Context, p: Problem) -> tuple[list[Verdict], list[str], tuple]:
-    """Output and dQ, dK, dV judged (dK/dV may round per query head, ``Problem.grouped_baseline``), and
+    """Output and dQ, dK, dV judged (dK/dV may round per query head, ``Problem.grouped_baseline``; dQ/dK
+    may take ``rowsum(dO * O)`` from the stored output, ``Problem.stored_output_baseline``), and
     the contract's exact zeros: dK, dV on keys no query sees. With sinks, dsinks too (judged on float32
     problems: on bfloat16 ones the reference's float32 dsinks sets no bound for a kernel that computes it
     from its bfloat16 output, as FlashAttention-style backwards do)."""
@@ -282,10 +283,12 @@ def _gradient_verdicts(ctx: Context, p: Problem) -> tuple[list[Verdict], list[st
     t = p.truth
     verdicts = [_judge_out(p, result[0], f"{p.label} out")]
     grouped = p.grouped_baseline or (None, None)
-    for name, got, want, base, alt in zip(("dq", "dk", "dv"), result[1:4], (t.dq, t.dk, t.dv), p.baseline[1:4],
-                                          (None, *grouped)):
+    stored = p.stored_output_baseline or (None, None)
+    alternatives = ((stored[0],), (grouped[0], stored[1]), (grouped[1],))
+    for name, got, want, base, alts in zip(("dq", "dk", "dv"), result[1:4], (t.dq, t.dk, t.dv), p.baseline[1:4],
+                                           alternatives):
         verdicts.append(judge(f"{p.label} {name}", got, want, base, p.dtype, gradient=True,
-                              magnitude=t.magnitude[name], alternative=alt, logit_scale=p.logit_max))
+                              magnitude=t.magnitude[name], alternatives=alts, logit_scale=p.logit_max))
     if p.sinks is not None and p.dtype == "float32":
         verdicts.append(judge(f"{p.label} dsinks", result[4], t.dsinks, p.baseline[4], "float32", gradient=True,
                               magnitude=t.magnitude["dsinks"], logit_scale=p.logit_max))

@@ -25,7 +25,9 @@ class Truth(NamedTuple):
     meaningful where the exact result cancels to zero (dQ of a row that sees a single key), so errors
     are measured against it (``grading.tolerance``). ``logit_max`` sets the tolerance floor's multiple;
     ``per_head_dkv`` (``attention(per_head=True)``) is each query head's share of dK and dV before the sum
-    over its group.
+    over its group. ``stored_out_grads`` (``attention(stored_dtype=...)``) is ``(dq, dk)`` computed exactly
+    but for one rounding: ``di = rowsum(dO * O)`` taken from the output rounded to ``stored_dtype``, as
+    FlashAttention-style backwards take it from the output they stored (dV does not depend on it).
     """
 
     out: np.ndarray
@@ -38,6 +40,7 @@ class Truth(NamedTuple):
     logit_max: float = 0.0       # largest |logit| (capped, when soft-capped) over visible pairs (0 when none is)
     per_head_dkv: tuple | None = None  # (dk, dv) per query head, [b, kv_len, num_q_heads, d], when asked
     dsinks: np.ndarray | None = None   # [num_q_heads], when sinks and a cotangent were given
+    stored_out_grads: tuple | None = None  # (dq, dk) with rowsum(dO * O) from the stored output, when asked
 
 
 def visible_keys(batch: int, q_len: int, kv_len: int, causal: bool, kv_lengths: np.ndarray | None,
@@ -70,7 +73,8 @@ def as_f64(x) -> np.ndarray:
 
 def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale: float | None = None,
               window=None, softcap: float | None = None, q_segment_ids=None, kv_segment_ids=None, sinks=None,
-              magnitude_dtype=np.float64, per_head: bool = False, magnitudes: bool = True) -> Truth:
+              magnitude_dtype=np.float64, per_head: bool = False, magnitudes: bool = True,
+              stored_dtype=None) -> Truth:
     """The contract in float64: ``out = softmax(scale * q k^T, masked) v`` per query head.
 
     Args:
@@ -83,6 +87,7 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
       magnitude_dtype: the dtype the magnitudes are computed in (float32: half the cost of their
         matmuls, for a scale that needs no more than float32's precision; returned as float64).
       per_head: also return ``per_head_dkv``. magnitudes: False leaves ``magnitude`` empty.
+      stored_dtype: with ``ct``, also return ``stored_out_grads`` (the output stored in this dtype).
 
     Rows that see no key under the causal mask (queries ahead of every key) and keys past every
     kv_length are left out of the float64 products (their results are exact zeros anyway).
@@ -93,7 +98,7 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
     scale = d ** -0.5 if scale is None else float(scale)
     lengths = None if kv_lengths is None else np.asarray(kv_lengths)
     vis = visible_keys(batch, q_len, kv_len, causal, lengths, window, q_segment_ids, kv_segment_ids)
-    extra = (softcap, None if sinks is None else as_f64(sinks))
+    extra = (softcap, None if sinks is None else as_f64(sinks), None if ct is None else stored_dtype)
     first = min(q_len, max(0, q_len - kv_len)) if causal else 0  # rows i < q_len - kv_len see no key
     keys = kv_len if lengths is None else int(min(kv_len, max(0, int(np.max(lengths, initial=0)))))
     if (first == 0 and keys == kv_len) or first == q_len or keys == 0:
@@ -112,8 +117,9 @@ def attention(q, k, v, ct=None, *, causal: bool = False, kv_lengths=None, scale:
     probs = _pad(_pad(part.probs, 2, first, 0), 3, 0, kv_len - keys)
     mag = {n: m if n == "dsinks" else (rows if n in ("out", "dq") else cols)(m) for n, m in part.magnitude.items()}
     per = None if part.per_head_dkv is None else tuple(cols(x) for x in part.per_head_dkv)
+    stored = None if part.stored_out_grads is None else (rows(part.stored_out_grads[0]), cols(part.stored_out_grads[1]))
     return Truth(rows(part.out), rows(part.dq), cols(part.dk), cols(part.dv), vis, probs, mag, part.logit_max, per,
-                 part.dsinks)
+                 part.dsinks, stored)
 
 
 def _pad(x: np.ndarray, axis: int, before: int, after: int) -> np.ndarray:
@@ -124,7 +130,8 @@ def _pad(x: np.ndarray, axis: int, before: int, after: int) -> np.ndarray:
     return np.pad(x, widths)
 
 
-def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, softcap=None, sinks=None) -> Truth:
+def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, softcap=None, sinks=None,
+               stored_dtype=None) -> Truth:
     batch, q_len, hq, d = q.shape
     kv_len, hk = k.shape[1], k.shape[2]
     group = hq // hk
@@ -175,6 +182,13 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, s
     dk_h = (ds.swapaxes(-1, -2) @ qg) * scale
     dk, dv = _kv_major(dk_h), _kv_major(dv_h)
     per = (_per_head(dk_h), _per_head(dv_h)) if per_head else None
+    stored = None
+    if stored_dtype is not None:  # dS moves by P * slope * (di - di'): linear in each row's change of di
+        kept = out.astype(stored_dtype).astype(np.float64).reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
+        shift = rowsum - (do * kept).sum(axis=-1, keepdims=True)  # [b, hk, g, q, 1]
+        weight = p if softcap is None else p * slope
+        stored = (dq + _token_major(_per_kv_head(weight, kh) * shift, q.shape) * scale,
+                  dk + _kv_major(weight.swapaxes(-1, -2) @ (qg * shift)) * scale)
 
     if magnitudes:
         dom = np.abs(do).astype(m)
@@ -188,7 +202,7 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, s
         mag["dk"] = (_kv_major(ds_mag.swapaxes(-1, -2) @ np.abs(qg).astype(m)) * scale).astype(np.float64)
         if sinks is not None:
             mag["dsinks"] = (p_sink * rowsum_mag).sum(axis=(0, 3, 4)).reshape(hq).astype(np.float64)
-    return Truth(out, dq, dk, dv, vis, probs, mag, logit_max, per, dsinks)
+    return Truth(out, dq, dk, dv, vis, probs, mag, logit_max, per, dsinks, stored)
 
 
 def _per_kv_head(a: np.ndarray, b: np.ndarray) -> np.ndarray:

@@ -104,7 +104,8 @@ class Problem:
         return oracle.attention(self.q, self.k, self.v, self.ct, causal=self.causal, kv_lengths=self.lengths,
                                 scale=self.scale, window=self.window, softcap=self.softcap,
                                 q_segment_ids=self.q_segments, kv_segment_ids=self.kv_segments, sinks=self.sinks,
-                                magnitude_dtype=np.float32, per_head=self._grouped)
+                                magnitude_dtype=np.float32, per_head=self._grouped,
+                                stored_dtype=np.asarray(self.q[:0]).dtype)
 
     @property
     def _grouped(self) -> bool:
@@ -130,7 +131,7 @@ class Problem:
     def prepare(self) -> None:
         """Compute what judging this problem needs (truth, baselines, largest logit) now; the rubric calls
         it while the candidate's worker computes, so the two overlap."""
-        self.truth, self.baseline, self.grouped_baseline  # noqa: B018  (cached properties)
+        self.truth, self.baseline, self.grouped_baseline, self.stored_output_baseline  # noqa: B018  (cached)
 
     @property
     def logit_max(self) -> float:
@@ -152,6 +153,18 @@ class Problem:
         def fold(x):
             return x.astype(dtype).astype(np.float32).reshape(b, lk, hk, self.group, d).sum(axis=3).astype(dtype)
         return tuple(fold(x) for x in self.truth.per_head_dkv)
+
+    @functools.cached_property
+    def stored_output_baseline(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """``(dq, dk)`` with ``di = rowsum(dO * O)`` taken from the output rounded to the input dtype, and the
+        results rounded to it, as FlashAttention-style backwards compute them from the output they stored
+        (the float64 truth otherwise, so all the error is those roundings). ``None`` without a cotangent.
+        Where a row's probabilities are peaked, ``dP - di`` cancels and that one rounding of the output
+        outweighs everything the reference rounds (``grading.tolerance``)."""
+        if self.ct is None:
+            return None
+        dtype = np.asarray(self.k[:0]).dtype
+        return tuple(x.astype(dtype) for x in self.truth.stored_out_grads)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -241,7 +254,7 @@ def compute_ahead(found) -> None:
         _THREADS[-1].start()
     for p in ps:  # truths and baselines alternate, so the two threads run one of each
         _JOBS.put(lambda p=p: p.truth)
-        _JOBS.put(lambda p=p: (p.baseline, p.grouped_baseline))
+        _JOBS.put(lambda p=p: (p.baseline, p.grouped_baseline, p.stored_output_baseline))
 
 
 @functools.partial(jit_cpu, static_argnames=("causal", "scale", "window_size", "softcap"))

@@ -204,7 +204,7 @@ def key_rows(sig, q, k, v, ct, out, limits, rng) -> list:
     (``k`` times the baseline's rounding error, ~2**-9 relative), so it cannot decide a verdict. The
     baseline is always that float32 computation rounded to the input dtype (the contract's precision, as
     the reference's VJP rounds its fp32 dK/dV), and, for bfloat16 with groups, also each query head's
-    share rounded before the group sum (``tolerance.judge(alternative=...)``)."""
+    share rounded before the group sum (``tolerance.judge(alternatives=...)``)."""
     from ..grading import tolerance
 
     batch, q_len, num_q, head_dim = q.shape
@@ -227,7 +227,7 @@ def key_rows(sig, q, k, v, ct, out, limits, rng) -> list:
         verdicts.append(tolerance.judge(
             f"{name} of {len(keys)} key rows, batch {b}, kv head {head} ({'float64' if exact else 'float32'} truth)",
             got_x, np.asarray(per_head, np.float64).sum(0), base_per_head.sum(0).astype(dtype), sig.dtype,
-            gradient=True, magnitude=np.asarray(magnitude, np.float64), alternative=alternative,
+            gradient=True, magnitude=np.asarray(magnitude, np.float64), alternatives=(alternative,),
             logit_scale=truth.logit_max))
     return verdicts
 
