@@ -93,3 +93,37 @@ def test_dense_decoding_slots_reach_32k_to_131k_keys(seed):
         lengths = slots.draw_lengths(np.random.default_rng(seed), d, None, slots.SLOT_MIN_LENGTH[name])
         assert lengths.min() > 32_768 and d.kv_len in lengths
     assert {"longdecode", "longspec"} <= set(slots.SERVING_SLOTS)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_window_checks_windows_span_pages(seed, monkeypatch):
+    """paged-window's promise, "windows across page boundaries": every problem has a row whose visible keys
+    lie on two pages or more, and vllm16's decoding window is at least a page long."""
+    from tpu_kernel_records_tools.grading import checks as C
+    from tpu_kernel_records_tools.grading.paged_checks import check_paged_window
+
+    monkeypatch.setattr(C, "compute_ahead", lambda found: None)
+    monkeypatch.setattr(C, "_CACHE", {})
+    class Stop:  # the candidate is never called: its first call ends the check once its problems are drawn
+        def paged_forward(self, *args, **kwargs):
+            raise C._Planned
+
+    planning = C._Planning(None, seed, level="full")
+    planning.runner = Stop()
+    with pytest.raises(C._Planned):
+        check_paged_window(planning)
+    found = C._CACHE[(seed, "full", "paged-window")]
+    assert len(found) == 3
+    for p in found:
+        left, right = p.window
+        ps, q_len = p.slot.page_size, p.q.shape[1]
+        spans = []
+        for n in p.lengths:
+            for i in range(q_len):
+                position = int(n) - q_len + i
+                first, last = max(0, position - left), min(int(n) - 1, position + right)
+                if first <= last:
+                    spans.append(last // ps - first // ps + 1)
+        assert max(spans) >= 2, (p.label, p.window, ps)
+        if p.slot.name == "vllm16":
+            assert left + 1 >= ps and q_len == 1, p.window
