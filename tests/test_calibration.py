@@ -2,8 +2,9 @@
 streams, resumes without grading anything twice, survives a cut-off last line, stops on its budget; the
 report counts seeds, states the rule and names every false reject.
 
-The default run fakes the trials (``seed_trials`` replaced) or draws a seed's problems without computing
-them; the slow run grades the reference for real, in-process and in its worker, at the quick level.
+The default run fakes the trials (``seed_trials`` replaced) or draws a quick-level seed's problems; the slow
+run compares a full-level seed's draws with the rubric's own, and grades the reference for real,
+in-process and in its worker, at the quick level.
 """
 
 from __future__ import annotations
@@ -172,6 +173,7 @@ def test_report_only_regenerates_the_table_from_the_file_without_grading(tmp_pat
                  "--markdown", str(md)]) == 2
 
 
+@pytest.mark.slow  # it draws a full-level seed twice (11 s of the default run on 2 busy cores)
 def test_the_trial_draws_exactly_the_full_levels_numeric_problems(monkeypatch):
     """What a full grade's checks send to the candidate on a seed (the rubric's own planning, ``plan_ahead``,
     on a fresh cache) and what the calibration trial draws: the same problems, in the same order, bit for bit
