@@ -239,3 +239,35 @@ def test_dask_options_are_refused_not_ignored(tmp_path, graded, capsys):
     assert main(["calibrate", "--seeds", "1", "--scheduler", "tcp://127.0.0.1:1", "--trials", str(out)]) == 2
     assert main(["calibrate", "--seeds", "1", "--workers", "2", "--trials", str(out)]) == 2
     assert "--resume and --max-minutes" in capsys.readouterr().err and graded == [] and not out.exists()
+
+
+def test_shards_share_the_seeds_and_each_holds_both_sets():
+    every = cal.calibration_tasks(4, ["a", "flash"], kernel_seeds=1)
+    parts = [cal.calibration_tasks(4, ["a", "flash"], kernel_seeds=1, shard=(k, 2)) for k in range(2)]
+    assert sorted(parts[0] + parts[1]) == sorted(every) and not set(parts[0]) & set(parts[1])
+    for part in parts:
+        assert {s >= cal.HELD_OUT_FIRST_SEED for _, s in part} == {False, True}
+    with pytest.raises(ValueError, match="shard"):
+        cal.calibration_tasks(4, ["a"], shard=(2, 2))
+
+
+def test_merged_shards_hold_every_trial_once_and_resume_grades_nothing(tmp_path, graded, capsys):
+    tasks = cal.calibration_tasks(3, ["a", "b"])
+    one, two, out = tmp_path / "one.jsonl", tmp_path / "two.jsonl", tmp_path / "trials.jsonl"
+    cal.run(cal.calibration_tasks(3, ["a", "b"], shard=(0, 2)), out=one, progress=False)
+    cal.run(cal.calibration_tasks(3, ["a", "b"], shard=(1, 2)), out=two, progress=False)
+    assert main(["calibrate", "--seeds", "3", "--trials", str(out), "--markdown", str(tmp_path / "r.md"),
+                 "--merge", str(one), str(two)]) == 0
+    assert sorted(_trials(out)) == sorted(tasks)
+    assert cal.merge(out, [one, two]) == (0, [])  # nothing twice
+    graded.clear()
+    assert cal.run(tasks, out=out, resume=True, progress=False).graded == 0 and graded == []
+    assert "3 calibration seeds (0-2) and 3 held-out seeds" in (tmp_path / "r.md").read_text()
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"sweep": {**trials_file.read(one).header["sweep"], "problems": "yesterday"}}) + "\n")
+    with pytest.raises(ValueError, match="another sweep"):
+        cal.merge(out, [other])
+    assert main(["calibrate", "--trials", str(out), "--merge", str(other)]) == 2
+    assert "another sweep" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["calibrate", "--shard", "2/2"])

@@ -5,6 +5,9 @@ report from every trial the file holds; ``--report-only`` writes it without grad
 background on a shared machine::
 
     nohup nice -n 19 tpu-kernel-records calibrate --resume --max-minutes 150 --quiet > calibration.log 2>&1 &
+
+On N cores, N runs at once, each on its share of the seeds (``--shard K/N``) with its own trials file, joined
+into the committed one with ``--merge`` (which grades nothing).
 """
 
 from __future__ import annotations
@@ -52,6 +55,12 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--max-minutes", type=float, metavar="MINUTES",
                    help="start no trial after this many minutes; the report covers what the file holds")
     p.add_argument("--report-only", action="store_true", help="grade nothing: write the report from the trials file")
+    p.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
+                   help="grade only seeds s with s mod 1000 mod N == K (both sets): N runs at once, one per core, "
+                        "each with its own --trials file, joined afterwards with --merge (default 0/1: all)")
+    p.add_argument("--merge", type=Path, nargs="+", metavar="JSONL",
+                   help="grade nothing: add to --trials the trials of these files (other shards) that it lacks, "
+                        "then write the report")
     p.add_argument("--markdown", type=Path, default=REPORT_PATH, metavar="PATH",
                    help=f"the report (default {REPORT_PATH})")
     p.add_argument("--json", type=Path, metavar="PATH", help="also write the summary (grading.calibration.summary)")
@@ -64,6 +73,16 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
     p.add_argument("--scheduler", help=argparse.SUPPRESS)
     p.set_defaults(func=_calibrate)
+
+
+def _shard(text: str) -> tuple[int, int]:
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected K/N, got {text!r}") from None
+    if not 0 <= k < n:
+        raise argparse.ArgumentTypeError(f"expected K/N with 0 <= K < N, got {text!r}")
+    return k, n
 
 
 def compute_on_cpu() -> None:
@@ -96,9 +115,13 @@ def _calibrate(args: argparse.Namespace) -> int:
               "it in pieces with --resume and --max-minutes", file=sys.stderr)
         return EXIT_USAGE
     notes: list[str] = []
-    if args.report_only:
+    if args.report_only or args.merge:
         try:
-            trials, notes = cal.read_trials(args.trials, level)
+            if args.merge:
+                added, notes = cal.merge(args.trials, args.merge)
+                print(f"tpu-kernel-records calibrate: {added} trials added to {args.trials}", file=sys.stderr)
+            trials, more = cal.read_trials(args.trials, level)
+            notes = [*notes, *more]
         except (OSError, ValueError) as e:
             print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -113,7 +136,7 @@ def _calibrate(args: argparse.Namespace) -> int:
         if not isolation_allowed(args.isolation, [c for c in cands if cal.BUILTIN.get(c.name) is not c]):
             return EXIT_USAGE
         compute_on_cpu()
-        tasks = cal.calibration_tasks(args.seeds, [c.name for c in cands], args.kernel_seeds)
+        tasks = cal.calibration_tasks(args.seeds, [c.name for c in cands], args.kernel_seeds, shard=args.shard)
         try:
             done = cal.run(tasks, level=level, out=args.trials, resume=args.resume, progress=not args.quiet,
                            budget_s=None if args.max_minutes is None else 60 * args.max_minutes,

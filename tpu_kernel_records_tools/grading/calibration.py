@@ -109,12 +109,17 @@ def calibration_seeds(seeds: int) -> list[int]:
 
 
 def calibration_tasks(seeds: int, candidates: Sequence[str], kernel_seeds: int | None = None,
-                      kernels: Sequence[str] = KERNELS) -> list[tuple[str, int]]:
+                      kernels: Sequence[str] = KERNELS, shard: tuple[int, int] = (0, 1)) -> list[tuple[str, int]]:
     """Every ``(candidate, seed)``, seed-major; the ``kernels`` among ``candidates`` only on the first
-    ``kernel_seeds`` of each set (default: all)."""
+    ``kernel_seeds`` of each set (default: all). ``shard`` ``(k, n)``: only the seeds ``s`` with
+    ``s % HELD_OUT_FIRST_SEED % n == k`` (both sets; ``n`` runs, one per core, share the seeds between them
+    and each keeps its own trials file, joined by :func:`merge`)."""
+    k, n = shard
+    if not 0 <= k < n:
+        raise ValueError(f"shard must be K/N with 0 <= K < N, got {k}/{n}")
     few = seeds if kernel_seeds is None else min(seeds, kernel_seeds)
-    return [(name, seed) for seed in calibration_seeds(seeds) for name in candidates
-            if name not in kernels or seed % HELD_OUT_FIRST_SEED < few]
+    return [(name, seed) for seed in calibration_seeds(seeds) if seed % HELD_OUT_FIRST_SEED % n == k
+            for name in candidates if name not in kernels or seed % HELD_OUT_FIRST_SEED < few]
 
 
 def _set(seed: int) -> str:
@@ -342,6 +347,35 @@ def read_trials(path: Path, level: str = "full") -> tuple[list[dict], list[str]]
         raise ValueError(f"{path} holds another sweep (its first line is not {header(level)})")
     notes = [] if found.cut_off is None else [_cut_off_note(path, found.cut_off)]
     return [line["trial"] for line in found.lines if "trial" in line], notes
+
+
+def merge(out: Path, sources: Sequence[Path]) -> tuple[int, list[str]]:
+    """Append to ``out`` every trial of ``sources`` (other runs' trials files, e.g. other shards) that it does
+    not hold yet; every file must have ``out``'s first line (the same level, policy and drawn problems), and
+    ``out`` is created with theirs if it does not exist. Returns the trials added and notes (cut-off lines)."""
+    from ..grading import trials_file
+
+    found = [(path, trials_file.read(path)) for path in sources]
+    first = trials_file.read(out).header if Path(out).exists() else (found[0][1].header if found else None)
+    if first is None:
+        return 0, []
+    if not isinstance(first.get("sweep"), dict) or first["sweep"].get("kind") != "calibration":
+        raise ValueError(f"{out} is not a calibration's trials file")
+    for path, contents in found:
+        if contents.header != first:
+            raise ValueError(f"{path} holds another sweep (its first line must be {json.dumps(first)}); not merged")
+    log, held = TrialsFile.open(out, first, resume=True)
+    have = {(t["trial"]["candidate"], t["trial"]["seed"]) for t in (held.lines if held else []) if "trial" in t}
+    added, notes = 0, [] if held is None or held.cut_off is None else [_cut_off_note(out, held.cut_off)]
+    for path, contents in found:
+        notes += [] if contents.cut_off is None else [_cut_off_note(path, contents.cut_off)]
+        for line in contents.lines:
+            key = (line["trial"]["candidate"], line["trial"]["seed"]) if "trial" in line else None
+            if key is not None and key not in have:
+                log.write(line)
+                have.add(key)
+                added += 1
+    return added, notes
 
 
 def _cut_off_note(path: Path, cut: str) -> str:
