@@ -79,10 +79,10 @@ grader-power record in ``data/``: ``tpu-kernel-rubric --power --seeds 2`` over e
 full level, seeds 0 and 1): needed k forward / gradient, largest of both seeds: reference 1 / 1,
 rounded-probs 2.1 / 2.57, online-softmax 1 / 2.57, flash-style 1.49 / 2.47, per-head-dkv 1.49 / 2.47;
 0 of 10 correct trials rejected, 52 of 52 known-bad trials rejected. Two seeds are not a calibration:
-``tpu-kernel-records calibrate --seeds 200`` (calibration seeds 0..199, held-out 1000..1199, a resumable
-Dask sweep that prints this table) is still owed: at 1-2.5 minutes per candidate and seed on a loaded
-2-core CPU (that sweep's ``seconds_per_trial``: 74-148 s), 400 seeds of five candidates are days here.
-Without the
+the calibration on today's full level, 200 calibration seeds (0..199) and 200 held-out seeds
+(1000..1199) of every pure-JAX correct built-in, runs in pieces (``tpu-kernel-records calibrate``,
+``grading.calibration``); its trials and the table they regenerate, with the seeds covered so far, are
+``calibration/trials.jsonl`` and ``calibration/REPORT.md``. Without the
 logit-scaled floor, flash-style's dV at the needle keys needed k ~ 80 (its P recomputed from the saved
 log-sum-exp is off by ~|logit| eps where the reference is exact); without the grouped baseline,
 per-head-dkv's dK/dV needed up to 3.8 at 8 query heads per kv head (1.0-2.1 with it; tests/test_rubric.py
