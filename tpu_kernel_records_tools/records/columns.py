@@ -175,8 +175,9 @@ CORRECTNESS = {
     "error": ("relative", "the candidate's worst error against the float64 oracle", f"{_CHECK}, or a check "
                                                                                     "that is not numeric"),
     "tolerance": ("relative", "the bound `error` was held to", f"{_CHECK}, or a check that is not numeric"),
-    "baseline_error": ("relative", "the contract-precision reference's error on the same inputs (the room the "
-                                   "check left: compare with `error`)", f"{_CHECK}, or not numeric"),
+    "baseline_error": ("relative", "the contract-precision reference's error on the same inputs, or an allowed "
+                                   "rounding's where larger (the room the check left: compare with `error`)",
+                       f"{_CHECK}, or not numeric"),
     "trials": ("count", "seeds the candidate was graded on", _POWER),
     "rejected": ("count", "trials whose scorecard did not pass", _POWER),
     "rejected_by": ("—", "per check (`check`, `count`): trials on which that check failed", _POWER),
