@@ -11,7 +11,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ml_dtypes import bfloat16
 
 from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading import oracle
@@ -51,14 +50,14 @@ def test_the_stored_output_gradients_follow_their_definition(causal, lengths, so
     q, ct = (rng.standard_normal((b, lq, hq, d)) * 2 for _ in range(2))
     k, v = (rng.standard_normal((b, lk, hk, d)) for _ in range(2))
     kw = dict(causal=causal, kv_lengths=None if lengths is None else np.array(lengths), scale=0.4, softcap=softcap)
-    t = oracle.attention(q, k, v, ct, stored_dtype=bfloat16, **kw)
-    for got, want in zip(t.stored_out_grads, _direct(q, k, v, ct, stored=bfloat16, **kw)):
+    t = oracle.attention(q, k, v, ct, stored_dtype=jnp.bfloat16, **kw)
+    for got, want in zip(t.stored_out_grads, _direct(q, k, v, ct, stored=jnp.bfloat16, **kw)):
         np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
     assert not np.allclose(t.stored_out_grads[0], t.dq, rtol=1e-6, atol=0)  # the rounding moved dQ
     exact = oracle.attention(q, k, v, ct, stored_dtype=np.float64, **kw)  # nothing rounded: the truth itself
     np.testing.assert_allclose(exact.stored_out_grads[0], exact.dq, rtol=1e-12, atol=1e-15)
     np.testing.assert_allclose(exact.stored_out_grads[1], exact.dk, rtol=1e-12, atol=1e-15)
-    assert oracle.attention(q, k, v, None, stored_dtype=bfloat16, **kw).stored_out_grads is None
+    assert oracle.attention(q, k, v, None, stored_dtype=jnp.bfloat16, **kw).stored_out_grads is None
 
 
 class _Answers:
