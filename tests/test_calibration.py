@@ -153,6 +153,7 @@ def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
     assert "within the policy" in table and "held-out false rejects: 1" in table
     assert "False rejects (1): a seed 1001 (held-out): forward-accuracy" in table
     assert "Note: 5 of 8 trials not graded yet" in table and "3.0 CPU-s per trial" in table
+    assert "3.0 per trial, of which 1.0 is its share" in table and "per candidate: a 2.0, b 2.0." in table
     assert "OVER the policy" in cal.report([_record("a", 1000, gradient=6.5)])
 
 

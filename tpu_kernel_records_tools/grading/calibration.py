@@ -461,6 +461,11 @@ def summary(trials: Sequence[dict]) -> dict:
     timed = [r for r in trials if "cpu_s" in r]
     out["cpu_s_per_trial"] = (sum(r["cpu_s"] + r.get("shared_cpu_s", 0.0) for r in timed) / len(timed)
                               if timed else None)
+    out["shared_cpu_s_per_trial"] = sum(r.get("shared_cpu_s", 0.0) for r in timed) / len(timed) if timed else None
+    by_name: dict[str, list[float]] = {}
+    for r in timed:
+        by_name.setdefault(r["candidate"], []).append(r["cpu_s"])
+    out["own_cpu_s_per_trial"] = {name: sum(v) / len(v) for name, v in by_name.items()}
     return out
 
 
@@ -497,6 +502,12 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
                   f"{pol['gradient']:g}). Held-out largest: forward {held['forward']:.2f}, gradient "
                   f"{held['gradient']:.2f} ({'within' if within else 'OVER'} the policy); held-out false rejects: "
                   f"{s['held_out_rejects']}."]
+    if s["cpu_s_per_trial"] is not None:
+        own = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items())
+        lines += ["", f"Cost, measured (CPU seconds of the grading process, summed from the trials' `cpu_s` and "
+                      f"`shared_cpu_s`): {s['cpu_s_per_trial']:.1f} per trial, of which "
+                      f"{s['shared_cpu_s_per_trial']:.1f} is its share of the seed's problems, truth and baselines; "
+                      f"the candidate's own, per candidate: {own}."]
     rejected = [(name, which, r) for which, entries in s["sets"].items() for name, e in entries.items()
                 for r in e["rejected"]]
     if rejected:
