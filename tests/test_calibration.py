@@ -116,9 +116,11 @@ def test_trials_drawn_from_another_distribution_are_not_added_to(tmp_path, grade
 def test_the_distribution_digest_follows_every_input_of_every_drawn_problem(monkeypatch):
     """Stable from one call to the next; another value law (one input of one problem changed by one) or
     another shape changes it; and the seed's problems are not kept afterwards."""
-    monkeypatch.setattr(C, "compute_ahead", lambda found: None)
+    queued = []
+    monkeypatch.setattr(C, "compute_ahead", queued.append)
     monkeypatch.setattr(C, "_CACHE", {})
     today = cal.distribution_digest("quick")
+    assert queued == []  # a trial's truths are computed one at a time, never on the background threads
     assert today == cal.distribution_digest("quick") and len(today) == 64
     assert not any(key[:2] == (0, "quick") for key in C._CACHE)
     real = cal.seed_problems

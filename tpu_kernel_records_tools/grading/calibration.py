@@ -188,8 +188,9 @@ def seed_problems(seed: int, level: str = "full", features: Sequence[str] = FEAT
                   prepare: bool = True) -> list[Problem]:
     """Every fresh problem the numeric checks (of a candidate declaring ``features``) draw on ``seed``, as
     the full grade draws them (the checks' own builders, through ``grading.checks.problems``), in check
-    order; with ``prepare`` their truth and baselines computed."""
-    planning = C._Planning(None, seed, level=level)
+    order; with ``prepare`` their truth and baselines computed, one problem at a time (not on the background
+    threads: three float64 truths of full-level prefills at once took two runs past 23 GB)."""
+    planning = C._Planning(None, seed, level=level, ahead=False)
     found: list[Problem] = []
 
     def walk(x) -> None:

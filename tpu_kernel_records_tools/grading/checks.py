@@ -133,6 +133,7 @@ class Context:
     level: str = "full"
     seen: dict = field(default_factory=dict, repr=False)
     stale: list = field(default_factory=list, repr=False)
+    ahead: bool = True  # queue each check's truths and baselines for the background threads as it builds them
 
     def rng(self, check: str, trial: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(check.encode()), trial])
@@ -202,7 +203,8 @@ def _problems(ctx: Context, key: tuple, build: Callable) -> list:
             for old in [k for k in _CACHE if k[:2] == recent[0]]:
                 del _CACHE[old]
         _CACHE[key] = build(lambda trial: ctx.rng(check, trial))
-        compute_ahead(_CACHE[key])
+        if ctx.ahead:
+            compute_ahead(_CACHE[key])
     return _CACHE[key]
 
 
