@@ -274,3 +274,38 @@ def test_merged_shards_hold_every_trial_once_and_resume_grades_nothing(tmp_path,
     assert "another sweep" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["calibrate", "--shard", "2/2"])
+
+
+def test_the_committed_report_is_the_committed_trials_table():
+    """calibration/REPORT.md is what ``calibrate --report-only`` writes from calibration/trials.jsonl: no
+    figure in it is typed by hand, and it says how many seeds of each set the trials cover."""
+    repo = Path(__file__).resolve().parent.parent
+    trials, notes = cal.read_trials(repo / cal.TRIALS_PATH)
+    table = (repo / cal.REPORT_PATH).read_text()
+    assert table == cal.report(trials, notes=notes)
+    s = cal.summary(trials)
+    assert f"{s['seeds']['calibration']} calibration seeds" in table and f"{s['seeds']['held-out']} held-out seeds" in table
+
+
+@pytest.mark.slow  # it draws a full-level seed (about 14 CPU-s)
+def test_the_committed_trials_are_of_todays_problems_and_policy():
+    """A resume from the committed trials adds to them (it refuses a file of other problems or another
+    policy): they were drawn from today's full level and judged by today's policy."""
+    found = trials_file.read(Path(__file__).resolve().parent.parent / cal.TRIALS_PATH)
+    assert found.header == cal.header("full", cal.distribution_digest("full"))
+
+
+def test_compiled_programs_are_let_go_before_the_mappings_run_out(monkeypatch):
+    import jax
+
+    cleared = []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
+    runners = cal.Runners()
+    runners._kept["reference"] = object()
+    monkeypatch.setattr(cal, "memory_mappings", lambda: cal.MAPPINGS_LIMIT)
+    assert not cal.release_compiled(runners) and runners._kept and not cleared
+    monkeypatch.setattr(cal, "memory_mappings", lambda: cal.MAPPINGS_LIMIT + 1)
+    assert cal.release_compiled(runners) and not runners._kept and cleared
+    assert cal.MAPPINGS_LIMIT <= 65_530 // 2  # half the kernel's default limit: a seed adds thousands
+    monkeypatch.undo()
+    assert cal.memory_mappings() is None or cal.memory_mappings() > 10

@@ -295,6 +295,36 @@ def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", runners
 # --------------------------------------------------------------------------------------------------
 # The sweep.
 
+# Each compiled XLA:CPU program holds memory mappings of its own, and a full-level seed compiles hundreds:
+# kept across seeds they reach the kernel's limit (vm.max_map_count, 65,530 by default) after about five
+# seeds with seven candidates, and the next compile fails ("LLVM compilation error: Cannot allocate memory",
+# then a crash). Past this many mappings the sweep lets every compiled program go between two seeds.
+MAPPINGS_LIMIT = 30_000
+
+
+def memory_mappings() -> int | None:
+    """How many memory mappings this process has (Linux), or None where that cannot be read."""
+    try:
+        with open("/proc/self/maps", "rb") as maps:
+            return sum(1 for _ in maps)
+    except OSError:
+        return None
+
+
+def release_compiled(runners: "Runners", limit: int = MAPPINGS_LIMIT) -> bool:
+    """Past ``limit`` mappings, drop the built-ins' runners and JAX's caches of compiled programs; True if so."""
+    import gc
+
+    import jax
+
+    count = memory_mappings()
+    if count is None or count <= limit:
+        return False
+    runners._kept.clear()
+    jax.clear_caches()
+    gc.collect()
+    return True
+
 def distribution_digest(level: str = "full") -> str:
     """SHA-256 of what the trials of ``level`` are drawn from: every problem the numeric checks of a candidate
     declaring every feature draw on seed 0 (check order; labels, dtypes, flags and the bytes of every input).
@@ -422,6 +452,8 @@ def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | No
             break
         seed_trials(seed, [n for n, s in todo if s == seed], level=level, runners=runners, on_trial=keep,
                     stop=out_of_time)
+        if release_compiled(runners):
+            result.notes.append(f"compiled programs released after seed {seed} (memory mappings)")
     bar.close()
     result.remaining = sum(t not in done for t in tasks)
     wanted = set(tasks)
