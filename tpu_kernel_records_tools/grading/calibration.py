@@ -288,6 +288,7 @@ def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", runners
         records.append(record)
         if on_trial is not None:
             on_trial(record)
+        release_compiled(runners)
     _forget(seed, level)
     return records
 
@@ -298,7 +299,8 @@ def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", runners
 # Each compiled XLA:CPU program holds memory mappings of its own, and a full-level seed compiles hundreds:
 # kept across seeds they reach the kernel's limit (vm.max_map_count, 65,530 by default) after about five
 # seeds with seven candidates, and the next compile fails ("LLVM compilation error: Cannot allocate memory",
-# then a crash). Past this many mappings the sweep lets every compiled program go between two seeds.
+# then a crash): a full-level seed of seven candidates adds about 30,000. Past this many mappings the sweep
+# lets every compiled program go after the trial that crossed it.
 MAPPINGS_LIMIT = 30_000
 
 
@@ -452,8 +454,6 @@ def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | No
             break
         seed_trials(seed, [n for n, s in todo if s == seed], level=level, runners=runners, on_trial=keep,
                     stop=out_of_time)
-        if release_compiled(runners):
-            result.notes.append(f"compiled programs released after seed {seed} (memory mappings)")
     bar.close()
     result.remaining = sum(t not in done for t in tasks)
     wanted = set(tasks)
