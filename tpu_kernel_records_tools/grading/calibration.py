@@ -15,11 +15,12 @@ over the reference's errors; :func:`numeric_checks`: every base check but output
 and each declared feature's check), run as the rubric runs them, on the very problems a full-level
 scorecard of that seed draws: the checks build them (``grading.checks.problems``), so shapes, values,
 dtypes and flags cannot differ (``tests/test_calibration.py`` compares them problem by problem, and, slow,
-the needed k of the reference's trial with its full scorecard's in the worker, at the quick level). The trials of one seed are batched: the seed's problems, truth and
+the needed k of the reference's trial with its full scorecard's in the worker, at the quick level). The
+trials of one seed are batched: the seed's problems, truth and
 baselines are computed once, before its first candidate, and shared by all. A built-in (our own code)
 is called in this process through the worker's own request handler (``grading.worker``: the same
 calls, the same results as in its worker process), so its jitted functions and their compiled programs
-live across seeds (XLA caches them by shape: the fixed-size slots compile once per run). A file or
+live across seeds until the memory mappings they hold pass ``MAPPINGS_LIMIT``. A file or
 module candidate is graded as any scorecard is, in its sandboxed worker (``grading.rubric``), unchanged.
 
 **Cost**, measured (CPU seconds of this process and its children, the ``cpu_s`` and ``shared_cpu_s`` of each
@@ -49,8 +50,11 @@ cost more (quick level, first seed: pallas 12, flash-triton 64, flash 154 CPU-s)
 holds both), appends each trial to a JSON Lines file as it finishes (``grading.trials_file``: a killed
 run loses at most the trial in progress; a cut-off last line is dropped and reported, and its trial
 graded again), skips on ``resume`` every trial the file holds (none is graded twice), and stops cleanly
-once ``budget_s`` has passed (before the next trial). The report is regenerated from whatever trials the
-file holds (``--report-only`` grades nothing), and says how many seeds of each set it covers.
+once ``budget_s`` has passed (before the next trial). The file's first line names the policy (with its
+allowed roundings) and the problems its trials were drawn from (:func:`distribution_digest`), so a resume
+after either changed is refused, never mixed. ``shard`` splits the seeds between runs, one per core, each
+with its own file, and :func:`merge` joins them. The report is regenerated from whatever trials the file
+holds (``--report-only`` grades nothing), and says how many seeds of each set it covers.
 """
 
 from __future__ import annotations
