@@ -23,28 +23,33 @@ calls, the same results as in its worker process), so its jitted functions and t
 live across seeds until the memory mappings they hold pass ``MAPPINGS_LIMIT``. A file or
 module candidate is graded as any scorecard is, in its sandboxed worker (``grading.rubric``), unchanged.
 
-**Cost**, measured (CPU seconds of this process and its children, the ``cpu_s`` and ``shared_cpu_s`` of each
-trial record, which the report sums; a shared 2-core machine at load 7-12, jax 0.10.2)::
+**Cost**, measured (CPU seconds of this process, the ``cpu_s`` and ``shared_cpu_s`` of each trial record,
+which the report sums; this 2-core machine, jax 0.10.2, two runs at once under ``nice``, one per core)::
 
-    tpu-kernel-records calibrate --seeds 3 --candidate reference --candidate rounded-probs \
-        --candidate online-softmax --candidate flash-style --candidate per-head-dkv \
-        --trials /tmp/short.jsonl --markdown /tmp/short.md
+    tpu-kernel-records calibrate --shard 0/2 --resume --max-minutes 150 --quiet
+    tpu-kernel-records calibrate --shard 1/2 --trials shard-1.jsonl --resume --max-minutes 150 --quiet
+    tpu-kernel-records calibrate --merge shard-1.jsonl
 
-gave, on seeds 0, 1000, 1, 1001 (20 trials), **38 CPU-s per candidate-seed**: 7.5 of them the trial's
-share of its seed's problems, truth and baselines (36-42 CPU-s a seed, for all its candidates), and
-30.6 the candidate's own (reference 24, per-head-dkv 31, flash-style 31, online-softmax 32,
-rounded-probs 35). The goal of <= 3 CPU-s per candidate-seed is not reached. The candidate's share is
-mostly compiling: every seed draws new shapes at the full level (lengths like ``1024 + r(1, 300)``
-recur rarely across seeds), and the same calls a second time, compiled, take 6.7 (rounded-probs) to
-10 (flash-style) CPU-s, running the full level's problems (a 2,300 x 2,800 prefill, 131k-key caches,
-64 heads). At the quick level, whose shapes are fixed, a trial after the first seed costs 0.1 CPU-s.
-Compile options that give the same bits do not help (``xla_llvm_disable_expensive_passes``: flash-style
-29.5 CPU-s cold against 29.1), and ``xla_backend_optimization_level=0`` changes flash-style's results,
-so neither is used. Reaching 3 CPU-s needs full-level shapes that recur (drawn from buckets), which
-changes what the rubric grades. At 38 CPU-s, 200 + 200 seeds of the seven correct pure-JAX built-ins
-are about 30 CPU-hours: a ``--max-minutes 150`` piece under ``nice`` covers about 15-20 of the 400 seeds
-where it gets half of one core (a busy 2-core machine), and ``--resume`` continues. The interpret-mode kernels
-cost more (quick level, first seed: pallas 12, flash-triton 64, flash 154 CPU-s), hence ``--kernel-seeds``.
+gave, over the committed trials (202 trials, 15 calibration and 14 held-out seeds),
+**49.6 CPU-s per candidate-seed**: 7.3 of them the trial's share of its seed's problems,
+truth and baselines, and the candidate's own 27.0-69.7 (reference 27.0, rounded-probs 37.5, online-softmax 33.4, flash-style 39.2, per-head-dkv 38.8, online-softmax-features 69.7, flash-style-features 50.8). The goal of <= 3
+CPU-s per candidate-seed is not reached, and cannot be at today's full level: the candidate's share is
+mostly compiling (every seed draws new shapes: lengths like ``1024 + r(1, 300)`` recur rarely), and the
+same calls a second time, compiled, still take 6.7 (rounded-probs) to 10 (flash-style) CPU-s, running
+the full level's problems (a 2,300 x 2,800 prefill, 131k-key caches, 64 heads) on a CPU. At the quick
+level, whose shapes are fixed, a trial after the first seed costs 0.1 CPU-s. Compile options that give
+the same bits do not help (``xla_llvm_disable_expensive_passes``: flash-style 29.5 CPU-s cold against
+29.1), and ``xla_backend_optimization_level=0`` changes flash-style's results, so neither is used.
+Reaching 3 CPU-s needs full-level shapes that recur (drawn from buckets) and smaller problems, which
+changes what the rubric grades. At 50 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX
+built-ins are about 39 CPU-hours: two ``--max-minutes 150`` pieces at once, at a core each,
+cover about 52 of the 400 seeds, and ``--resume`` continues. The interpret-mode kernels cost more
+(quick level, first seed: pallas 12, flash-triton 64, flash 154 CPU-s), hence ``--kernel-seeds``.
+
+**Memory.** A seed's truths are computed one problem at a time (the float64 truth of a full-level
+prefill holds gigabytes), a finished seed's problems are let go, and the compiled programs are let go
+once the process holds ``MAPPINGS_LIMIT`` memory mappings (each compiled XLA:CPU program holds some; a
+full-level seed of seven candidates adds about 30,000, and the kernel's default limit is 65,530).
 
 **The sweep** (:func:`run`) goes seed by seed (calibration and held-out seeds alternate, so a partial run
 holds both), appends each trial to a JSON Lines file as it finishes (``grading.trials_file``: a killed
