@@ -309,3 +309,13 @@ def test_compiled_programs_are_let_go_before_the_mappings_run_out(monkeypatch):
     assert cal.MAPPINGS_LIMIT <= 65_530 // 2  # half the kernel's default limit: a seed adds thousands
     monkeypatch.undo()
     assert cal.memory_mappings() is None or cal.memory_mappings() > 10
+
+
+def test_a_new_shard_file_seeded_from_the_committed_one_grades_nothing_twice(tmp_path, graded):
+    """docs/DEVELOPING.md's order: the committed trials merged into the second shard's new file first."""
+    committed, shard = tmp_path / "trials.jsonl", tmp_path / "shard-1.jsonl"
+    cal.run(cal.calibration_tasks(2, ["a"]), out=committed, progress=False)  # seeds 0, 1000, 1, 1001
+    assert cal.merge(shard, [committed])[0] == 4 and trials_file.read(shard).header == trials_file.read(committed).header
+    graded.clear()
+    cal.run(cal.calibration_tasks(4, ["a"], shard=(1, 2)), out=shard, resume=True, progress=False)
+    assert graded == [("a", 3), ("a", 1003)]
