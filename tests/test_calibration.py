@@ -116,13 +116,17 @@ def test_trials_drawn_from_another_distribution_are_not_added_to(tmp_path, grade
 def test_the_distribution_digest_follows_every_input_of_every_drawn_problem(monkeypatch):
     """Stable from one call to the next; another value law (one input of one problem changed by one) or
     another shape changes it; and the seed's problems are not kept afterwards."""
-    queued = []
-    monkeypatch.setattr(C, "compute_ahead", queued.append)
+    import threading
+
+    queued, here = [], threading.current_thread()  # another test's planning thread may still be running
+    monkeypatch.setattr(C, "compute_ahead", lambda found: queued.append(found) if threading.current_thread() is here else None)
     monkeypatch.setattr(C, "_CACHE", {})
+    forgotten, forget = [], cal._forget
+    monkeypatch.setattr(cal, "_forget", lambda seed, level: (forgotten.append((seed, level)), forget(seed, level)))
     today = cal.distribution_digest("quick")
     assert queued == []  # a trial's truths are computed one at a time, never on the background threads
     assert today == cal.distribution_digest("quick") and len(today) == 64
-    assert not any(key[:2] == (0, "quick") for key in C._CACHE)
+    assert forgotten == [(0, "quick")] * 2
     real = cal.seed_problems
 
     def changed(how):
