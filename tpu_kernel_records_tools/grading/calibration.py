@@ -261,6 +261,10 @@ class Runners:
     isolation: str = "auto"
     _kept: dict = field(default_factory=dict)
 
+    def clear(self) -> None:
+        """Let every kept runner go (its compiled programs with it, once JAX's caches are cleared)."""
+        self._kept.clear()
+
     def of(self, cand: Candidate) -> InProcessRunner:
         if cand.name not in self._kept:
             self._kept[cand.name] = InProcessRunner(cand)
@@ -332,7 +336,7 @@ def release_compiled(runners: "Runners", limit: int = MAPPINGS_LIMIT) -> bool:
     count = memory_mappings()
     if count is None or count <= limit:
         return False
-    runners._kept.clear()
+    runners.clear()
     jax.clear_caches()
     gc.collect()
     return True
