@@ -77,8 +77,8 @@ def assert_accurate(results, q, k, v, do, *, causal=False, kv_lengths=None, scal
 
     The inputs become a ``grading.problems.Problem`` (cotangent ``do`` rounded to the input dtype):
     its float64 ``truth`` (``grading.oracle``), the reference's ``baseline`` on the same inputs, the
-    floor's ``logit_max``, for bf16 groups the ``grouped_baseline`` of dK/dV, and the
-    ``stored_output_baseline`` of dQ/dK; each tensor must
+    floor's ``logit_max``, for bf16 groups the ``grouped_baseline`` of dK/dV, and the answer of dQ/dK
+    with ``di`` from the stored output (``Truth.stored_out_grads``); each tensor must
     pass ``grading.tolerance.judge`` under them. Rows that see no key must be exact zeros in the
     output and dQ, keys no query sees exact zeros in dK and dV. ``index``: an optional
     ``[batch, ...]`` slice to judge only part of each tensor named in ``only``.
@@ -88,17 +88,18 @@ def assert_accurate(results, q, k, v, do, *, causal=False, kv_lengths=None, scal
                       kv_lengths=None if kv_lengths is None else np.asarray(kv_lengths))
     truth = problem.truth
     grouped = problem.grouped_baseline or (None, None)
-    stored = problem.stored_output_baseline or (None, None)
+    stored = truth.stored_out_grads or (None, None)
     part = (lambda x: x) if index is None else (lambda x: None if x is None else np.asarray(x)[index])
-    for label, got, want, base, alternatives in zip(
+    for label, got, want, base, alternative, answer in zip(
             ("out", "dq", "dk", "dv"), results, (truth.out, truth.dq, truth.dk, truth.dv),
-            problem.baseline, ((), (stored[0],), (grouped[0], stored[1]), (grouped[1],))):
+            problem.baseline, (None, None, *grouped), (None, *stored, None)):
         if label not in only:
             continue
         assert got.dtype == q.dtype, f"{label} must be in the input dtype, got {got.dtype}"
         verdict = tolerance.judge(label, part(got), part(want), part(base), dtype,
                                   gradient=label != "out", magnitude=part(truth.magnitude[label]),
-                                  alternatives=[part(a) for a in alternatives], logit_scale=problem.logit_max)
+                                  alternatives=(part(alternative),), answers={tolerance.STORED_OUTPUT: part(answer)},
+                                  logit_scale=problem.logit_max)
         assert verdict.ok, verdict.describe()
     if index is None:
         empty_rows = ~truth.visible.any(axis=2)  # [batch, q_len]

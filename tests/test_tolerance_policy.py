@@ -217,7 +217,8 @@ def test_the_policy_reports_what_it_applies():
     assert d["floor"]["float32_eps_multiple"] == CALIBRATED["floor_ulps"]
     assert d["floor"]["value"] == pytest.approx(CALIBRATED["floor_ulps"] * ULP, rel=1e-12)
     assert tolerance.POLICY.k(True) == CALIBRATED["gradient"] and tolerance.POLICY.k(False) == CALIBRATED["forward"]
-    assert d["allowed_roundings"] == ["reference", "dk-dv-per-query-head", "dq-dk-with-di-from-stored-output"]
+    assert d["allowed_roundings"] == {"reference": "bound", "dk-dv-per-query-head": "bound",
+                                      "dq-dk-with-di-from-stored-output": "answer"}
 
 
 def test_describe_names_the_binding_error_its_bound_and_the_outcome():
@@ -252,6 +253,34 @@ def test_an_alternative_rounding_raises_each_bound_to_the_larger_baseline_error(
                      alternatives=(None, alternative)).ok is ok
     assert not judge("dk", truth + _spike(2 * k * level), truth, baseline, "float32", gradient=True,
                      magnitude=mag).ok  # without the alternative the same spike fails
+
+
+def test_an_allowed_answer_is_compared_against_not_added_to_the_bound():
+    """dQ/dK may take rowsum(dO * O) from the stored output: a candidate near that answer passes by the
+    reference's bound, while an error of the same size in another direction still fails; the bound
+    itself is the reference's."""
+    truth, mag = _tensors(10)
+    level = 1e-4
+    baseline = truth + _spread(level)
+    answer = truth + _spread(40 * level)[::-1] * np.linspace(0.5, 1.5, N)  # 40x the reference's error
+    k, floor = CALIBRATED["gradient"], CALIBRATED["floor_ulps"] * ULP
+    near = answer + _spread(2 * level)
+    v = judge("dq", near, truth, baseline, "float32", gradient=True, magnitude=mag,
+              answers={"di from the stored output": answer})
+    assert v.ok and v.against == "di from the stored output" and "against the answer with di" in v.describe()
+    assert (v.tol_norm, v.tol_worst) == pytest.approx((k * level + floor, k * level + floor), rel=1e-12)
+    assert v.candidate.norm == pytest.approx(2 * level, rel=1e-9)
+    assert not judge("dq", near, truth, baseline, "float32", gradient=True, magnitude=mag).ok  # without it
+    other = truth + (answer - truth)[::-1]  # the same size of error, another direction
+    w = judge("dq", other, truth, baseline, "float32", gradient=True, magnitude=mag,
+              answers={"di from the stored output": answer})
+    assert not w.ok
+    exact = judge("dq", truth, truth, baseline, "float32", gradient=True, magnitude=mag,
+                  answers={"di from the stored output": answer, "unused": None})
+    assert exact.ok and exact.against == "" and exact.candidate.norm == 0.0  # the truth is always an answer
+    nan = judge("dq", np.full(N, np.nan), truth, baseline, "float32", gradient=True, magnitude=mag,
+                answers={"di from the stored output": answer})
+    assert not nan.ok
 
 
 @pytest.mark.parametrize("logit_scale, factor", [(0.25, 1.0), (1.0, 1.0), (40.0, 40.0), (math.inf, 1.0),

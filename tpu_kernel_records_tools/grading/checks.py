@@ -36,7 +36,7 @@ from ..grading.problems import BACKGROUND_DAEMON, STOPPING, Problem, compute_ahe
 from ..grading.slots import (EXPLICIT_SCALE, QUICK, SHAPES, SHORT, SLOT_MIN_LENGTH, draw_shapes,  # noqa: F401
                              serving_lengths, slot_flags)
 from ..grading.runner import CandidateFailure, Runner, TimedOut  # noqa: F401  (re-exported)
-from ..grading.tolerance import Verdict, error, judge
+from ..grading.tolerance import STORED_OUTPUT, Verdict, error, judge
 from kernel_src.contract import Dims
 
 # --------------------------------------------------------------------------------------------------
@@ -277,7 +277,8 @@ def check_forward_accuracy(ctx: Context) -> Outcome:
 
 def _gradient_verdicts(ctx: Context, p: Problem) -> tuple[list[Verdict], list[str], tuple]:
     """Output and dQ, dK, dV judged (dK/dV may round per query head, ``Problem.grouped_baseline``; dQ/dK
-    may take ``rowsum(dO * O)`` from the stored output, ``Problem.stored_output_baseline``), and
+    may take ``rowsum(dO * O)`` from the stored output: judged against that answer too,
+    ``Truth.stored_out_grads``), and
     the contract's exact zeros: dK, dV on keys no query sees. With sinks, dsinks too (judged on float32
     problems: on bfloat16 ones the reference's float32 dsinks sets no bound for a kernel that computes it
     from its bfloat16 output, as FlashAttention-style backwards do)."""
@@ -285,12 +286,12 @@ def _gradient_verdicts(ctx: Context, p: Problem) -> tuple[list[Verdict], list[st
     t = p.truth
     verdicts = [_judge_out(p, result[0], f"{p.label} out")]
     grouped = p.grouped_baseline or (None, None)
-    stored = p.stored_output_baseline or (None, None)
-    alternatives = ((stored[0],), (grouped[0], stored[1]), (grouped[1],))
-    for name, got, want, base, alts in zip(("dq", "dk", "dv"), result[1:4], (t.dq, t.dk, t.dv), p.baseline[1:4],
-                                           alternatives):
+    stored = t.stored_out_grads or (None, None)
+    for name, got, want, base, alt, answer in zip(("dq", "dk", "dv"), result[1:4], (t.dq, t.dk, t.dv),
+                                                  p.baseline[1:4], (None, *grouped), (*stored, None)):
         verdicts.append(judge(f"{p.label} {name}", got, want, base, p.dtype, gradient=True,
-                              magnitude=t.magnitude[name], alternatives=alts, logit_scale=p.logit_max))
+                              magnitude=t.magnitude[name], alternatives=(alt,),
+                              answers={STORED_OUTPUT: answer}, logit_scale=p.logit_max))
     if p.sinks is not None and p.dtype == "float32":
         verdicts.append(judge(f"{p.label} dsinks", result[4], t.dsinks, p.baseline[4], "float32", gradient=True,
                               magnitude=t.magnitude["dsinks"], logit_scale=p.logit_max))

@@ -131,7 +131,7 @@ class Problem:
     def prepare(self) -> None:
         """Compute what judging this problem needs (truth, baselines, largest logit) now; the rubric calls
         it while the candidate's worker computes, so the two overlap."""
-        self.truth, self.baseline, self.grouped_baseline, self.stored_output_baseline  # noqa: B018  (cached)
+        self.truth, self.baseline, self.grouped_baseline  # noqa: B018  (cached)
 
     @property
     def logit_max(self) -> float:
@@ -153,18 +153,6 @@ class Problem:
         def fold(x):
             return x.astype(dtype).astype(np.float32).reshape(b, lk, hk, self.group, d).sum(axis=3).astype(dtype)
         return tuple(fold(x) for x in self.truth.per_head_dkv)
-
-    @functools.cached_property
-    def stored_output_baseline(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """``(dq, dk)`` with ``di = rowsum(dO * O)`` taken from the output rounded to the input dtype, and the
-        results rounded to it, as FlashAttention-style backwards compute them from the output they stored
-        (the float64 truth otherwise, so all the error is those roundings). ``None`` without a cotangent.
-        Where a row's probabilities are peaked, ``dP - di`` cancels and that one rounding of the output
-        outweighs everything the reference rounds (``grading.tolerance``)."""
-        if self.ct is None:
-            return None
-        dtype = np.asarray(self.k[:0]).dtype
-        return tuple(x.astype(dtype) for x in self.truth.stored_out_grads)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -254,7 +242,7 @@ def compute_ahead(found) -> None:
         _THREADS[-1].start()
     for p in ps:  # truths and baselines alternate, so the two threads run one of each
         _JOBS.put(lambda p=p: p.truth)
-        _JOBS.put(lambda p=p: (p.baseline, p.grouped_baseline, p.stored_output_baseline))
+        _JOBS.put(lambda p=p: (p.baseline, p.grouped_baseline))
 
 
 @functools.partial(jit_cpu, static_argnames=("causal", "scale", "window_size", "softcap"))
