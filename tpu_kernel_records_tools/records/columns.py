@@ -172,11 +172,12 @@ CORRECTNESS = {
     "points": ("points", "points earned: `max_points` when passed, else 0", _CHECK),
     "max_points": ("points", "the check's weight", _CHECK),
     "detail": ("—", "what the check did and found, in one paragraph", _CHECK),
-    "error": ("relative", "the candidate's worst error against the float64 oracle", f"{_CHECK}, or a check "
-                                                                                    "that is not numeric"),
+    "error": ("relative", "the candidate's worst error against the float64 oracle (or against an allowed "
+                          "rounding's exact answer, where nearer)", f"{_CHECK}, or a check that is not numeric"),
     "tolerance": ("relative", "the bound `error` was held to", f"{_CHECK}, or a check that is not numeric"),
-    "baseline_error": ("relative", "the contract-precision reference's error on the same inputs, or an allowed "
-                                   "rounding's where larger (the room the check left: compare with `error`)",
+    "baseline_error": ("relative", "the contract-precision reference's error on the same inputs, or the "
+                                   "per-query-head dK/dV rounding's where larger (the room the check left: "
+                                   "compare with `error`)",
                        f"{_CHECK}, or not numeric"),
     "trials": ("count", "seeds the candidate was graded on", _POWER),
     "rejected": ("count", "trials whose scorecard did not pass", _POWER),
