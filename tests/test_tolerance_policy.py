@@ -153,6 +153,7 @@ def test_error_is_normwise_and_worst_element_relative_to_the_magnitude():
     assert error(truth.astype(np.float32), truth) == Error(0.0, 0.0, (0, 0))
     zero = error(np.zeros(3), np.zeros(3))
     assert zero.norm == 0.0 and zero.worst == 0.0
+    assert error(np.zeros((0, 4)), np.zeros((0, 4))) == Error(0.0, 0.0, ())  # an empty slice: no error
     tiny = error(np.array([1e-150]), np.zeros(1))
     assert tiny.norm > 1 and tiny.worst > 1  # nothing to be relative to: any difference is large
 
