@@ -264,6 +264,7 @@ def test_new_record_leaves_old_files_alone(ws):
     assert (ws / "data" / "benchmark" / "synthetic-cpu-5.parquet").is_file() and verify(ws / "data") == []
 
 
+@pytest.mark.slow  # a real interpret-mode benchmark, about 35 s; the default run stays within 5 minutes
 def test_real_tiny_cpu_run_builds_with_allow_interpret(tmp_path, monkeypatch):
     from tpu_kernel_records_tools.measure import run as run_module
 

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.slow  # 8 host devices in a subprocess: about 25 s; the default run stays within 5 minutes
+
 REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent("""
