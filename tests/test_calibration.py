@@ -159,8 +159,17 @@ def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
     assert "within the policy" in table and "held-out false rejects: 1" in table
     assert "False rejects (1): a seed 1001 (held-out): forward-accuracy" in table
     assert "Note: 5 of 8 trials not graded yet" in table and "3.0 CPU-s per trial" in table
-    assert "3.0 per trial, of which 1.0 is its share" in table and "per candidate: a 2.0, b 2.0." in table
+    assert "3.0 per trial of a pure-JAX candidate, of which 1.0 is its share" in table
+    assert "per candidate: a 2.0, b 2.0." in table
     assert "OVER the policy" in cal.report([_record("a", 1000, gradient=6.5)])
+
+
+def test_the_reports_cost_per_trial_leaves_the_interpret_mode_kernels_apart():
+    kernel = dict(_record("flash", 0), cpu_s=500.0, shared_cpu_s=1.0)
+    table = cal.report([_record("a", 0), _record("b", 0), kernel])
+    assert "3.0 CPU-s per trial (candidate and seed) of the pure-JAX candidates" in table
+    assert "per candidate: a 2.0, b 2.0. The kernels' own, in interpret mode: flash 500.0." in table
+    assert "kernels' own" not in cal.report([_record("a", 0)])
 
 
 def test_the_kernels_get_their_first_seeds_of_each_set():
