@@ -27,13 +27,13 @@ module candidate is graded as any scorecard is, in its sandboxed worker (``gradi
 which the report sums; this 2-core machine, jax 0.10.2, two runs at once under ``nice``, one per core)::
 
     tpu-kernel-records calibrate --trials shard-1.jsonl --merge calibration/trials.jsonl --markdown shard-1.md
-    tpu-kernel-records calibrate --shard 0/2 --resume --max-minutes 150 --quiet
-    tpu-kernel-records calibrate --shard 1/2 --trials shard-1.jsonl --resume --max-minutes 150 --quiet
+    tpu-kernel-records calibrate --shard 0/2 --kernels --kernel-seeds 4 --resume --max-minutes 150 --quiet
+    tpu-kernel-records calibrate --shard 1/2 --kernels --kernel-seeds 4 --trials shard-1.jsonl --resume --max-minutes 150 --quiet
     tpu-kernel-records calibrate --merge shard-1.jsonl
 
-gave, over the committed trials (246 trials, 19 calibration and 17 held-out seeds),
-**49.5 CPU-s per candidate-seed**: 7.3 of them the trial's share of its seed's problems,
-truth and baselines, and the candidate's own 27.0-69.4 (reference 27.0, rounded-probs 37.3, online-softmax 33.4, flash-style 39.3, per-head-dkv 38.9, online-softmax-features 69.4, flash-style-features 50.9). The goal of <= 3
+gave, over the committed trials (254 trials, 17 calibration and 16 held-out seeds),
+**48.4 CPU-s per candidate-seed** of a pure-JAX candidate: 6.6 of them the trial's share of its seed's problems,
+truth and baselines, and the candidate's own 26.6-68.9 (reference 26.6, rounded-probs 36.3, online-softmax 33.2, flash-style 39.1, per-head-dkv 39.1, online-softmax-features 68.9, flash-style-features 49.8). The goal of <= 3
 CPU-s per candidate-seed is not reached, and cannot be at today's full level: the candidate's share is
 mostly compiling (every seed draws new shapes: lengths like ``1024 + r(1, 300)`` recur rarely), and the
 same calls a second time, compiled, still take 6.7 (rounded-probs) to 10 (flash-style) CPU-s, running
@@ -42,10 +42,10 @@ level, whose shapes are fixed, a trial after the first seed costs 0.1 CPU-s. Com
 the same bits do not help (``xla_llvm_disable_expensive_passes``: flash-style 29.5 CPU-s cold against
 29.1), and ``xla_backend_optimization_level=0`` changes flash-style's results, so neither is used.
 Reaching 3 CPU-s needs full-level shapes that recur (drawn from buckets) and smaller problems, which
-changes what the rubric grades. At 49 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX
+changes what the rubric grades. At 48 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX
 built-ins are about 38 CPU-hours: two ``--max-minutes 150`` pieces at once, at a core each,
-cover about 52 of the 400 seeds, and ``--resume`` continues. The interpret-mode kernels cost more
-(quick level, first seed: pallas 12, flash-triton 64, flash 154 CPU-s), hence ``--kernel-seeds``.
+cover about 53 of the 400 seeds, and ``--resume`` continues. The interpret-mode kernels cost more
+(their own CPU-s per seed at the full level: pallas 28, flash-triton 89, flash 287), hence ``--kernel-seeds``.
 
 **Memory.** A seed's truths are computed one problem at a time (the float64 truth of a full-level
 prefill holds gigabytes), a finished seed's problems are let go, and the compiled programs are let go
