@@ -19,6 +19,7 @@ from tpu_kernel_records_tools.grading import oracle
 from tpu_kernel_records_tools.grading.candidates import resolve
 from tpu_kernel_records_tools.grading.calibration import seed_problems
 from tpu_kernel_records_tools.grading.tolerance import POLICY, STORED_OUTPUT, judge, needed_k
+from tests import field_adapters
 
 
 def _direct(q, k, v, ct, *, stored, causal, kv_lengths, scale, softcap):
@@ -91,13 +92,7 @@ def test_a_backward_taking_di_from_its_stored_output_is_judged_by_that_rounding(
     assert needed_k(judge("dq", reference, p.truth.dq, p.baseline[1], p.dtype, gradient=True,
                           magnitude=p.truth.magnitude["dq"], logit_scale=p.logit_max)) < 1.5
     assert dq.against == STORED_OUTPUT and dq.tol_norm == alone.tol_norm  # the same bound, another answer
-    prerounded = _Answers(_prerounded_reference).vjp(p)[1]
+    prerounded = _Answers(field_adapters.prerounded_reference).vjp(p)[1]
     assert not judge("dq", prerounded, p.truth.dq, p.baseline[1], p.dtype, gradient=True,
                      magnitude=p.truth.magnitude["dq"], answers={STORED_OUTPUT: p.truth.stored_out_grads[0]},
                      logit_scale=p.logit_max).ok
-
-
-def _prerounded_reference(q, k, v, *, scale=None, **kw):
-    """The reference fed q scaled in float32 and rounded once to the input dtype, then scale 1."""
-    scale = q.shape[-1] ** -0.5 if scale is None else float(scale)
-    return resolve("reference").load()((q.astype(jnp.float32) * scale).astype(q.dtype), k, v, scale=1.0, **kw)
