@@ -123,3 +123,54 @@ def test_the_row_truth_is_the_oracles_at_every_row_and_key_row():
                                            atol=1e-12)
             logit_max = max(logit_max, rows.logit_max)
     assert logit_max == pytest.approx(truth.logit_max, rel=1e-12)
+
+
+@pytest.mark.parametrize("exact", [True, False], ids=["float64", "float32"])
+def test_the_stored_output_answer_is_the_oracles(exact):
+    """dQ and dK with rowsum(dO * O) from the output rounded to bfloat16: the oracle's ``stored_out_grads``, at
+    every row and key row, in both precisions."""
+    from tpu_kernel_records_tools.grading import oracle
+
+    sig, (q, k, v, ct, lengths), _, _ = _problem("float32", seq=40)
+    q = q * 8  # peaked rows: the rounding of O moves dQ and dK well past the float32 truth's own error
+    truth = oracle.attention(q, k, v, ct, causal=True, kv_lengths=lengths, stored_dtype=jnp.bfloat16)
+    dq_stored, dk_stored = truth.stored_out_grads
+    limits, keys = timed_checks.key_limits(sig, lengths), np.array([0, 7, 39])
+    tol = dict(atol=1e-12) if exact else dict(rtol=2e-4, atol=2e-4 * np.abs(dq_stored).max())
+    for b in range(2):
+        for head in range(2):
+            heads = slice(2 * head, 2 * head + 2)
+            parts = (q[b, :, heads].swapaxes(0, 1), k[b, :, head], v[b, :, head], ct[b, :, heads].swapaxes(0, 1))
+            rows = timed_checks._rows_in(exact, parts, limits[b], None, stored_dtype="bfloat16")
+            at_keys = timed_checks._rows_in(exact, parts, limits[b], None, keys, stored_dtype="bfloat16")
+            np.testing.assert_allclose(rows.dq_stored.swapaxes(0, 1), dq_stored[b, :, heads], **tol)
+            np.testing.assert_allclose(at_keys.dk_stored.sum(0), dk_stored[b, keys, head],
+                                       **(tol if exact else dict(rtol=2e-4, atol=2e-4 * np.abs(dk_stored).max())))
+            assert not np.allclose(rows.dq_stored, rows.dq, rtol=1e-3, atol=0)  # the rounding shows
+    plain = timed_checks._rows_in(True, parts, limits[1], None)
+    assert plain.dq_stored is None and plain.dk_stored is None
+
+
+def test_dq_and_dk_rows_are_judged_against_the_stored_output_answer_too():
+    """bfloat16, peaked rows: dQ rows and dK key rows exactly as a FlashAttention-style backward computes them
+    (di from the output rounded to bfloat16) are judged against that answer (nearer to them than the truth
+    is); dV, which takes no di, against the truth; the forward against the truth alone."""
+    from tpu_kernel_records_tools.grading import oracle, tolerance
+
+    sig, (q, k, v, ct, lengths), _, _ = _problem("bfloat16", seq=64)
+    q = (np.asarray(q, np.float32) * 8).astype(jnp.bfloat16)
+    sig = Signature.of_call(q, k, v, causal=True, kv_lengths=lengths)
+    truth = oracle.attention(*(np.asarray(x, np.float64) for x in (q, k, v, ct)), causal=True, kv_lengths=lengths,
+                             stored_dtype=jnp.bfloat16)
+    dq, dk = (x.astype(jnp.bfloat16) for x in truth.stored_out_grads)
+    limits = timed_checks.key_limits(sig, lengths)
+    b, i = np.divmod(np.arange(2 * 64), 64)
+    rows = timed_checks.query_rows(sig, q, k, v, ct, b, i, limits[b, i], dq[b, i])
+    assert rows.ok and rows.against == tolerance.STORED_OUTPUT, rows.describe()
+    against_truth = tolerance.error(np.asarray(dq[b, i], np.float64), truth.dq[b, i], truth.magnitude["dq"][b, i])
+    assert rows.candidate.norm < against_truth.norm / 2
+    grads = (dq, dk, truth.dv.astype(jnp.bfloat16))
+    verdicts = timed_checks.key_rows(sig, q, k, v, ct, grads, limits, np.random.default_rng(0))
+    assert [v.against for v in verdicts] == [tolerance.STORED_OUTPUT, ""] and all(v.ok for v in verdicts)
+    out = truth.out.astype(jnp.bfloat16)
+    assert timed_checks.query_rows(sig, q, k, v, None, b, i, limits[b, i], out[b, i]).against == ""

@@ -18,7 +18,10 @@ timed calls whose outputs are checked (``bench.submitted.checked_samples``) and,
   (:func:`key_rows`).
 
 Each is judged by the rubric's tolerance policy (``grading.tolerance.judge``: bound by the error a
-contract-precision computation makes on the same rows, relative to the oracle's magnitudes).
+contract-precision computation makes on the same rows, relative to the oracle's magnitudes), dQ and dK
+as the rubric judges them: against the nearer of the truth and the exact result with ``rowsum(dO * O)``
+taken from the output rounded to the input dtype (``tolerance.STORED_OUTPUT``), as a
+FlashAttention-style backward takes it from the output it stored.
 """
 
 from __future__ import annotations
@@ -120,7 +123,7 @@ def query_rows(sig, q, k, v, ct, b, i, limits, got):
     group = q.shape[2] // num_kv
     exact = _exact(sig, len(b) * q.shape[2] * k.shape[1] * q.shape[3])
     field = "out" if ct is None else "dq"
-    expected, magnitude = np.zeros(got.shape), np.zeros(got.shape)
+    expected, magnitude, stored = np.zeros(got.shape), np.zeros(got.shape), np.zeros(got.shape)
     logit_max = 0.0
     for batch_element in np.unique(b):
         sel = np.flatnonzero(b == batch_element)
@@ -129,8 +132,10 @@ def query_rows(sig, q, k, v, ct, b, i, limits, got):
             q_rows, ct_rows = (None if x is None else x[batch_element, i[sel]][:, heads].swapaxes(0, 1)
                                for x in (q, ct))
             parts = (q_rows, k[batch_element, :, head], v[batch_element, :, head], ct_rows)
-            rows = _rows_in(exact, parts, limits[sel], sig.scale)
+            rows = _rows_in(exact, parts, limits[sel], sig.scale, stored_dtype=sig.dtype)
             expected[sel, heads] = np.asarray(getattr(rows, field), np.float64).swapaxes(0, 1)
+            if ct is not None:
+                stored[sel, heads] = np.asarray(rows.dq_stored, np.float64).swapaxes(0, 1)
             magnitude[sel, heads] = np.asarray(getattr(rows, field + "_mag"), np.float64).swapaxes(0, 1)
             logit_max = max(logit_max, rows.logit_max)
     baseline = np.asarray(_reference_rows(q[b, i], q[b, i] if ct is None else ct[b, i], k, v, b,
@@ -138,25 +143,28 @@ def query_rows(sig, q, k, v, ct, b, i, limits, got):
     label = (f"{'output' if ct is None else 'dq'} of {len(b)} rows over {len(set(b.tolist()))} batch elements "
              f"({'float64' if exact else 'float32'} truth)")
     return tolerance.judge(label, got, expected, baseline, sig.dtype, gradient=ct is not None,
-                           magnitude=magnitude, logit_scale=logit_max)
+                           magnitude=magnitude, logit_scale=logit_max,
+                           answers=None if ct is None else {tolerance.STORED_OUTPUT: stored})
 
 
 def _exact(sig, work: int) -> bool:
     return sig.dtype == "float32" or work <= EXACT_WORK
 
 
-def _rows_in(exact: bool, parts, limits, scale, keys=None) -> "Rows":
+def _rows_in(exact: bool, parts, limits, scale, keys=None, stored_dtype: str | None = None) -> "Rows":
     """:func:`_rows` in float64 NumPy (``exact``) or in float32 on the default device at HIGHEST."""
     if exact:
         return _rows([None if x is None else np.asarray(x, np.float64) for x in parts], limits, scale, np,
-                     np.matmul, keys)
+                     np.matmul, keys, stored_dtype)
     n = parts[0].shape[1]
     pad = max(0, ROWS - n)  # a check's rows of one batch element, padded with rows that see no key: one compile
     q, k, v, ct = (None if x is None else jnp.asarray(np.asarray(x, np.float32)) for x in parts)
     q, ct = (None if x is None else jnp.pad(x, ((0, 0), (0, pad), (0, 0))) for x in (q, ct))
-    rows = _rows((q, k, v, ct), np.pad(limits, (0, pad)), scale, jnp, partial(jnp.matmul, precision=_HIGHEST), keys)
-    return Rows(*(None if x is None else np.asarray(x)[:, :n] for x in rows[:4]),
-                *(None if x is None else np.asarray(x) for x in rows[4:-1]), rows.logit_max)
+    rows = _rows((q, k, v, ct), np.pad(limits, (0, pad)), scale, jnp, partial(jnp.matmul, precision=_HIGHEST), keys,
+                 stored_dtype)
+    per_row = ("out", "out_mag", "dq", "dq_mag", "dq_stored")  # [group, rows, ...]: the padding rows dropped
+    return Rows(**{name: None if x is None else np.asarray(x)[:, :n] if name in per_row else
+                   x if name == "logit_max" else np.asarray(x) for name, x in rows._asdict().items()})
 
 
 @partial(jax.jit, static_argnames=("scale", "backward"))
@@ -178,7 +186,8 @@ def _reference_rows(q_rows, ct_rows, k, v, batch_index, limits, *, scale, backwa
 
 class Rows(NamedTuple):
     """What :func:`_rows` computes: per query row ``[group, n, head_dim]`` (``None`` where not asked),
-    per key row each query head's share ``[group, keys, head_dim]``, and magnitudes (``grading.oracle``)."""
+    per key row each query head's share ``[group, keys, head_dim]``, and magnitudes (``grading.oracle``); with a
+    stored dtype, dQ and dK again with ``rowsum(dO * O)`` from the output rounded to it."""
     out: Any
     out_mag: Any
     dq: Any
@@ -188,6 +197,8 @@ class Rows(NamedTuple):
     dk_mag: Any      # [keys, head_dim]: the magnitude of the group's sum
     dv_mag: Any
     logit_max: float
+    dq_stored: Any = None  # dQ, dK with rowsum(dO * O) from O rounded to the stored dtype (when asked)
+    dk_stored: Any = None
 
 
 def key_rows(sig, q, k, v, ct, out, limits, rng) -> list:
@@ -215,35 +226,39 @@ def key_rows(sig, q, k, v, ct, out, limits, rng) -> list:
     heads = slice(head * group, (head + 1) * group)
     parts = (q[b, :, heads].swapaxes(0, 1), k[b, :, head], v[b, :, head], ct[b, :, heads].swapaxes(0, 1))
     dtype = np.asarray(q[:0]).dtype
-    fp32 = _rows_in(False, parts, limits[b], sig.scale, keys)
+    fp32 = _rows_in(False, parts, limits[b], sig.scale, keys, sig.dtype)
     exact = _exact(sig, group * q_len * kv_len * head_dim)
-    truth = _rows_in(True, parts, limits[b], sig.scale, keys) if exact else fp32
+    truth = _rows_in(True, parts, limits[b], sig.scale, keys, sig.dtype) if exact else fp32
     got = [np.asarray(jax.device_get(x))[b, keys, head] for x in out[1:3]]
     grouped = group > 1 and sig.dtype != "float32"
     verdicts = []
-    for name, got_x, per_head, base_per_head, magnitude in (
-            ("dk", got[0], truth.dk, fp32.dk, truth.dk_mag), ("dv", got[1], truth.dv, fp32.dv, truth.dv_mag)):
+    for name, got_x, per_head, base_per_head, magnitude, answer in (
+            ("dk", got[0], truth.dk, fp32.dk, truth.dk_mag, truth.dk_stored),
+            ("dv", got[1], truth.dv, fp32.dv, truth.dv_mag, None)):
         alternative = (base_per_head.astype(dtype).astype(np.float32).sum(0).astype(dtype) if grouped else None)
         verdicts.append(tolerance.judge(
             f"{name} of {len(keys)} key rows, batch {b}, kv head {head} ({'float64' if exact else 'float32'} truth)",
             got_x, np.asarray(per_head, np.float64).sum(0), base_per_head.sum(0).astype(dtype), sig.dtype,
             gradient=True, magnitude=np.asarray(magnitude, np.float64), alternatives=(alternative,),
+            answers={tolerance.STORED_OUTPUT: None if answer is None else np.asarray(answer, np.float64).sum(0)},
             logit_scale=truth.logit_max))
     return verdicts
 
 
-def _rows(parts, limits, scale, xp, mm, keys=None) -> Rows:
+def _rows(parts, limits, scale, xp, mm, keys=None, stored_dtype: str | None = None) -> Rows:
     """The contract at query rows ``q`` ``[group, n, d]`` of one kv head (keys, values ``[kv_len, d]``,
     cotangent ``[group, n, d]`` or None), row ``r`` seeing the keys below ``limits[r]``, in ``xp``'s arrays
     and ``mm``'s products, by the oracle's formulas: each row's output and dQ (``keys`` None), or dK and dV
-    at key rows ``keys`` from these query rows (all of them, for the exact values)."""
+    at key rows ``keys`` from these query rows (all of them, for the exact values); with ``stored_dtype`` and a
+    cotangent, also dQ / dK with ``rowsum(dO * O)`` from the output rounded to ``stored_dtype``."""
     q, k, v, ct = parts
     group, n, head_dim = q.shape
     kv_len = k.shape[0]
     scale = head_dim ** -0.5 if scale is None else scale
     abs_k, abs_v = xp.abs(k), xp.abs(v)
-    per_row = {name: [] for name in ("out", "out_mag", "dq", "dq_mag")}
-    dk = dv = dk_mag = dv_mag = 0.0
+    per_row = {name: [] for name in ("out", "out_mag", "dq", "dq_mag", "dq_stored")}
+    dk = dv = dk_mag = dv_mag = dk_stored = 0.0
+    stored = None if stored_dtype is None or ct is None else jnp.dtype(stored_dtype)
     logit_max = 0.0
     step = max(1, CHUNK_LOGITS // (group * kv_len))
     for start in range(0, n, step):
@@ -266,16 +281,23 @@ def _rows(parts, limits, scale, xp, mm, keys=None) -> Rows:
         dc = ct[:, rows]
         delta = (dc * out).sum(axis=-1, keepdims=True)
         delta_mag = (xp.abs(dc) * out_mag).sum(axis=-1, keepdims=True)
+        if stored is not None:  # dq, dk move by p * (delta - delta_stored) times k, q
+            shift = p * (delta - (dc * out.astype(stored).astype(out.dtype)).sum(axis=-1, keepdims=True))
         if keys is None:
             per_row["dq"].append(mm(p * (mm(dc, v.T) - delta), k) * scale)
             per_row["dq_mag"].append(mm(p * (mm(xp.abs(dc), abs_v.T) + delta_mag), abs_k) * scale)
+            if stored is not None:
+                per_row["dq_stored"].append(per_row["dq"][-1] + mm(shift, k) * scale)
             continue
         pj = p[..., keys].swapaxes(-1, -2)                                 # [group, keys, rows]
         ds = pj * (mm(v[keys], dc.swapaxes(-1, -2)) - delta.swapaxes(-1, -2))
         ds_mag = pj * (mm(abs_v[keys], xp.abs(dc).swapaxes(-1, -2)) + delta_mag.swapaxes(-1, -2))
         dv = dv + mm(pj, dc)
         dk = dk + mm(ds, qc) * scale
+        if stored is not None:
+            dk_stored = dk_stored + mm(ds + shift[..., keys].swapaxes(-1, -2), qc) * scale
         dv_mag = dv_mag + mm(pj, xp.abs(dc)).sum(axis=0)
         dk_mag = dk_mag + (mm(ds_mag, xp.abs(qc)) * scale).sum(axis=0)
     joined = {name: xp.concatenate(parts_, axis=1) if parts_ else None for name, parts_ in per_row.items()}
-    return Rows(**joined, dk=dk, dv=dv, dk_mag=dk_mag, dv_mag=dv_mag, logit_max=logit_max)
+    return Rows(**joined, dk=dk, dv=dv, dk_mag=dk_mag, dv_mag=dv_mag, logit_max=logit_max,
+                dk_stored=None if stored is None or keys is None else dk_stored)
