@@ -78,3 +78,16 @@ def test_first_difference_of_arrays_of_other_shapes_or_dtypes_is_the_empty_index
     b = a.copy()
     b[3] = -1
     assert C._first_difference(a, b) == (3,)
+
+
+def test_a_key_outside_a_window_is_explained_with_the_windows_keys():
+    """Row 5 of 8 over 10 keys sits at position 7 (bottom-right): window (2, 1) lets it see keys 5..8, and
+    the reason names those bounds; an open side (None) is left blank."""
+    p = normal(np.random.default_rng(0), Dims(1, 8, 10, 1, 1, 16), "float32")
+    windowed = C.Problem("w", "float32", p.host("q"), p.host("k"), p.host("v"), window=(2, 1))
+    assert C._why_hidden(windowed, 0, 5, 4) == [
+        "outside its window_size=(2, 1) (keys 5..8 around its position 7)"]
+    assert C._why_hidden(windowed, 0, 5, 9) == C._why_hidden(windowed, 0, 5, 4)
+    assert C._why_hidden(windowed, 0, 5, 5) == [] and C._why_hidden(windowed, 0, 5, 8) == []
+    left_open = C.Problem("w", "float32", p.host("q"), p.host("k"), p.host("v"), window=(None, 0))
+    assert C._why_hidden(left_open, 0, 5, 8) == ["outside its window_size=(None, 0) (keys ..7 around its position 7)"]
