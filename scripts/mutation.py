@@ -60,7 +60,9 @@ TARGETS = {t.name: t for t in (
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
     Target("checks", f"{PKG}/grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
                                                 "tests/test_checks_quick.py", "tests/test_grader_speed.py",
-                                                "tests/test_stored_output_rounding.py"), 20),
+                                                "tests/test_stored_output_rounding.py", "tests/test_calibration.py"),
+           20),
+    Target("calibration", f"{PKG}/grading/calibration.py", ("tests/test_calibration.py",), 20),
     Target("rules", f"{PKG}/builder/rules.py",
            ("tests/test_rule_refusals.py", "tests/test_rule_refusals_compiled_tpu.py"), 20),
     Target("submitted", f"{PKG}/builder/submitted.py", ("tests/test_submitted.py", "tests/test_stranger_rules.py"), 8),
@@ -79,6 +81,8 @@ _EMPTY = ("e is exactly 0 on every key of a row whose denominator is 0 (no visib
           "there gives the same exact zeros")
 ORACLE = "tpu_kernel_records_tools/grading/oracle.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
+    (f"{PKG}/grading/checks.py", "group = p.q.shape[2] // p.k.shape[2]", "group = p.q.shape[2] / p.k.shape[2]"):
+        "the contract's query heads are a multiple of its kv heads, and np.repeat takes the integral float",
     (f"{PKG}/grading/tolerance.py", "scale_max = float(magnitude.max()) if magnitude.size else 0.0",
      "scale_max = float(magnitude.max()) if magnitude.size else 1.0"):
         "an empty tensor's worst error is 0, and 0 divided by any positive scale is 0",

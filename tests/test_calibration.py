@@ -33,12 +33,12 @@ def graded(monkeypatch):
     """``seed_trials`` replaced by a fake that records every (candidate, seed) it grades."""
     calls: list[tuple[str, int]] = []
 
-    def fake(seed, names, *, level, runners, on_trial, stop):
+    def fake(seed, names, *, level, slots_from, runners, on_trial, stop):
         for name in names:
             if stop():
                 break
             calls.append((name, seed))
-            on_trial(_record(name, seed))
+            on_trial({**_record(name, seed), "slots_from": slots_from})
     monkeypatch.setattr(cal, "seed_trials", fake)
     monkeypatch.setattr(cal, "distribution_digest", lambda level="full": "today")
     return calls
@@ -150,9 +150,9 @@ def test_the_distribution_digest_follows_every_input_of_every_drawn_problem(monk
 
 def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
     trials = [_record("a", 0, forward=2.0), _record("b", 0), _record("a", 1, gradient=4.1), _record("b", 1),
-              _record("a", 1000, forward=3.0), _record("a", 1001, passed=False)]
+              _record("a", 1000, forward=3.0), {**_record("a", 1001, passed=False), "slots_from": 1000}]
     table = cal.report(trials, notes=["5 of 8 trials not graded yet"])
-    assert "2 calibration seeds (0-1)" in table and "2 held-out seeds (1000-1001)" in table
+    assert "2 calibration seeds (0-1; 2 slot draws)" in table and "2 held-out seeds (1000-1001; 1 slot draw)" in table
     assert "| a | 2 | 2.00 / 4.10 | 2 | 3.00 / 2.00 | 0 + 1 |" in table
     assert "| b | 2 | 1.50 / 2.00 | 0 | - | 0 + - |" in table
     assert "forward 3, gradient 6 (policy: 5, 6)" in table  # ceil(1.25 x 2.0), ceil(1.25 x 4.1)
@@ -162,6 +162,8 @@ def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
     assert "3.0 per trial of a pure-JAX candidate, of which 1.0 is its share" in table
     assert "per candidate: a 2.0, b 2.0." in table
     assert "OVER the policy" in cal.report([_record("a", 1000, gradient=6.5)])
+    assert "No held-out seed graded yet." in cal.report([_record("a", 0)]) and \
+        "Held-out largest" not in cal.report([_record("a", 0)])
 
 
 def test_the_reports_cost_per_trial_leaves_the_interpret_mode_kernels_apart():
@@ -172,10 +174,63 @@ def test_the_reports_cost_per_trial_leaves_the_interpret_mode_kernels_apart():
     assert "kernels' own" not in cal.report([_record("a", 0)])
 
 
+def test_the_cost_is_one_machines_the_one_that_graded_the_most():
+    here = [dict(_record(n, 0), machine="this machine") for n in ("a", "b")]
+    there = dict(_record("a", 1), machine="a faster one", cpu_s=0.5, shared_cpu_s=0.1)
+    s = cal.summary([*here, there])
+    assert s["cost_machine"] == "this machine" and s["cost_trials"] == 2 and s["cpu_s_per_trial"] == 3.0
+    table = cal.report([*here, there])
+    assert "measured on this machine" in table and "the 1 trials graded on other machines are not counted" in table
+    assert "not counted" not in cal.report(here)
+
+
+def test_a_groups_seeds_take_its_first_seeds_slots_and_their_own_values():
+    """Every slot draw (shapes, feature and paged slots) goes through ``slot_seed``, every value draw through
+    the seed, and the problems of a seed with borrowed slots are kept apart from its own."""
+    from tpu_kernel_records_tools.grading.feature_checks import feature_slots
+    from tpu_kernel_records_tools.grading.paged_checks import slots as paged_slots
+    from kernel_src.contract import FEATURES
+
+    lead, member, own = C.Context(None, 0), C.Context(None, 3, slots_from=0), C.Context(None, 3)
+    assert member.slot_seed == 0 and own.slot_seed == 3
+    assert member.shapes == lead.shapes != own.shapes
+    for feature in FEATURES:
+        assert repr(feature_slots(member, feature)) == repr(feature_slots(lead, feature))
+    assert any(repr(feature_slots(own, f)) != repr(feature_slots(lead, f)) for f in FEATURES)
+    assert repr(paged_slots(member)) == repr(paged_slots(lead)) != repr(paged_slots(own))
+    assert np.array_equal(member.rng("check", 1).random(4), own.rng("check", 1).random(4))
+    assert not np.array_equal(member.rng("check", 1).random(4), lead.rng("check", 1).random(4))
+    assert C.cache_key(own, "c") == C.cache_key(C.Context(None, 3, slots_from=3), "c") == (3, "full", "c")
+    assert C.cache_key(member, "c") == (3, "full", "c", 0)
+
+
 def test_the_kernels_get_their_first_seeds_of_each_set():
     tasks = cal.calibration_tasks(3, ["reference", "flash"], kernel_seeds=1)
-    assert tasks == [("reference", 0), ("flash", 0), ("reference", 1000), ("flash", 1000), ("reference", 1),
-                     ("reference", 1001), ("reference", 2), ("reference", 1002)]
+    assert tasks == [("reference", 0), ("flash", 0), ("reference", 1), ("reference", 2), ("reference", 1000),
+                     ("flash", 1000), ("reference", 1001), ("reference", 1002)]
+
+
+def test_the_seeds_run_a_slot_group_of_each_set_in_turn():
+    g = cal.SLOT_GROUP
+    assert cal.HELD_OUT_FIRST_SEED % g == 0 and g > 1
+    seeds = cal.calibration_seeds(g + 2)
+    assert seeds == [*range(g), *range(1000, 1000 + g), g, g + 1, 1000 + g, 1001 + g]
+    assert [cal.slots_seed(s) for s in seeds] == [0] * g + [1000] * g + [g] * 2 + [1000 + g] * 2
+    with pytest.raises(ValueError, match="seeds must be >= 1"):
+        cal.calibration_seeds(0)
+
+
+def test_a_run_gives_each_seed_its_groups_slots_and_lets_the_programs_go_between_groups(tmp_path, graded,
+                                                                                        monkeypatch):
+    released = []
+    monkeypatch.setattr(cal, "release_compiled", lambda runners, limit=None, *, now=False: released.append(
+        (len(graded), now)))
+    tasks = cal.calibration_tasks(cal.SLOT_GROUP + 1, ["a"])
+    result = cal.run(tasks, out=tmp_path / "trials.jsonl", progress=False)
+    assert [r["slots_from"] for r in result.trials] == [cal.slots_seed(s) for _, s in tasks]
+    g = cal.SLOT_GROUP  # groups: 0..g-1, 1000.., g, 1000 + g: released before each group but the first
+    assert released == [(g, True), (2 * g, True), (2 * g + 1, True)]
+    assert trials_file.read(tmp_path / "trials.jsonl").header["sweep"]["slot_group"] == g
 
 
 def test_report_only_regenerates_the_table_from_the_file_without_grading(tmp_path, graded, capsys):
@@ -184,7 +239,7 @@ def test_report_only_regenerates_the_table_from_the_file_without_grading(tmp_pat
     graded.clear()
     status = main(["calibrate", "--report-only", "--trials", str(out), "--markdown", str(md)])
     assert status == 0 and graded == []
-    assert "2 calibration seeds (0-1) and 2 held-out seeds (1000-1001), 4 trials" in md.read_text()
+    assert "2 calibration seeds (0-1; 1 slot draw) and 2 held-out seeds (1000-1001; 1 slot draw), 4 trials" in md.read_text()
     assert main(["calibrate", "--report-only", "--trials", str(tmp_path / "none.jsonl"),
                  "--markdown", str(md)]) == 2
 
@@ -221,6 +276,12 @@ def test_the_trial_draws_exactly_the_full_levels_numeric_problems(monkeypatch):
             assert (x is None and y is None) or np.array_equal(np.asarray(x), np.asarray(y))
         assert np.array_equal(a.lengths, b.lengths) if a.lengths is not None else b.lengths is None
         assert np.array_equal(a.sinks, b.sinks) if a.sinks is not None else b.sinks is None
+    member = cal.seed_problems(seed + 1, "full", ("window",), prepare=False, slots_from=seed)
+    assert len(member) == len(ours)
+    for a, b in zip(member, ours):  # the group's slots, the member's own values
+        assert (a.dtype, a.key, a.window, a.softcap, a.causal, a.scale) == (b.dtype, b.key, b.window, b.softcap,
+                                                                           b.causal, b.scale)
+        assert a.q.shape == b.q.shape and not np.array_equal(np.asarray(a.q), np.asarray(b.q))
     assert "determinism" not in {s.name for s in cal.numeric_checks()} and \
         "output-shape-dtype" not in {s.name for s in cal.numeric_checks()}
 
@@ -257,28 +318,33 @@ def test_dask_options_are_refused_not_ignored(tmp_path, graded, capsys):
     assert "--resume and --max-minutes" in capsys.readouterr().err and graded == [] and not out.exists()
 
 
-def test_shards_share_the_seeds_and_each_holds_both_sets():
-    every = cal.calibration_tasks(4, ["a", "flash"], kernel_seeds=1)
-    parts = [cal.calibration_tasks(4, ["a", "flash"], kernel_seeds=1, shard=(k, 2)) for k in range(2)]
+def test_shards_share_the_slot_groups_and_each_holds_both_sets():
+    seeds = 3 * cal.SLOT_GROUP
+    every = cal.calibration_tasks(seeds, ["a", "flash"], kernel_seeds=1)
+    parts = [cal.calibration_tasks(seeds, ["a", "flash"], kernel_seeds=1, shard=(k, 2)) for k in range(2)]
     assert sorted(parts[0] + parts[1]) == sorted(every) and not set(parts[0]) & set(parts[1])
     for part in parts:
         assert {s >= cal.HELD_OUT_FIRST_SEED for _, s in part} == {False, True}
+    assert not {cal.slots_seed(s) for _, s in parts[0]} & {cal.slots_seed(s) for _, s in parts[1]}
     with pytest.raises(ValueError, match="shard"):
         cal.calibration_tasks(4, ["a"], shard=(2, 2))
 
 
 def test_merged_shards_hold_every_trial_once_and_resume_grades_nothing(tmp_path, graded, capsys):
-    tasks = cal.calibration_tasks(3, ["a", "b"])
+    seeds = cal.SLOT_GROUP + 1
+    tasks = cal.calibration_tasks(seeds, ["a", "b"])
     one, two, out = tmp_path / "one.jsonl", tmp_path / "two.jsonl", tmp_path / "trials.jsonl"
-    cal.run(cal.calibration_tasks(3, ["a", "b"], shard=(0, 2)), out=one, progress=False)
-    cal.run(cal.calibration_tasks(3, ["a", "b"], shard=(1, 2)), out=two, progress=False)
-    assert main(["calibrate", "--seeds", "3", "--trials", str(out), "--markdown", str(tmp_path / "r.md"),
+    cal.run(cal.calibration_tasks(seeds, ["a", "b"], shard=(0, 2)), out=one, progress=False)
+    cal.run(cal.calibration_tasks(seeds, ["a", "b"], shard=(1, 2)), out=two, progress=False)
+    assert _trials(two)
+    assert main(["calibrate", "--seeds", str(seeds), "--trials", str(out), "--markdown", str(tmp_path / "r.md"),
                  "--merge", str(one), str(two)]) == 0
     assert sorted(_trials(out)) == sorted(tasks)
     assert cal.merge(out, [one, two]) == (0, [])  # nothing twice
     graded.clear()
     assert cal.run(tasks, out=out, resume=True, progress=False).graded == 0 and graded == []
-    assert "3 calibration seeds (0-2) and 3 held-out seeds" in (tmp_path / "r.md").read_text()
+    assert f"{seeds} calibration seeds (0-{seeds - 1}; 2 slot draws) and {seeds} held-out seeds" in \
+        (tmp_path / "r.md").read_text()
     other = tmp_path / "other.jsonl"
     other.write_text(json.dumps({"sweep": {**trials_file.read(one).header["sweep"], "problems": "yesterday"}}) + "\n")
     with pytest.raises(ValueError, match="another sweep"):
@@ -308,27 +374,50 @@ def test_the_committed_trials_are_of_todays_problems_and_policy():
     assert found.header == cal.header("full", cal.distribution_digest("full"))
 
 
-def test_compiled_programs_are_let_go_before_the_mappings_run_out(monkeypatch):
+def test_compiled_programs_are_let_go_before_the_mappings_run_out(monkeypatch, tmp_path):
     import jax
 
     cleared = []
     monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(True))
     runners = cal.Runners()
     runners._kept["reference"] = object()
-    monkeypatch.setattr(cal, "memory_mappings", lambda: cal.MAPPINGS_LIMIT)
+    monkeypatch.setattr(cal, "mappings_limit", lambda: 1000)
+    monkeypatch.setattr(cal, "memory_mappings", lambda: 1000)
     assert not cal.release_compiled(runners) and runners._kept and not cleared
-    monkeypatch.setattr(cal, "memory_mappings", lambda: cal.MAPPINGS_LIMIT + 1)
+    monkeypatch.setattr(cal, "memory_mappings", lambda: 1001)
     assert cal.release_compiled(runners) and not runners._kept and cleared
-    assert cal.MAPPINGS_LIMIT <= 65_530 // 2  # half the kernel's default limit: a seed adds thousands
+    assert cal.release_compiled(cal.Runners(), limit=10**9, now=True)  # a new slot group: whatever the count
     monkeypatch.undo()
     assert cal.memory_mappings() is None or cal.memory_mappings() > 10
+    kernel = int(Path("/proc/sys/vm/max_map_count").read_text()) if Path("/proc/sys/vm/max_map_count").exists() else 65_530
+    assert cal.mappings_limit() == max(kernel - cal.MAPPINGS_MARGIN, kernel // 2)
+    assert 65_530 - cal.MAPPINGS_MARGIN >= 65_530 // 2 and cal.MAPPINGS_MARGIN >= 10_000  # a trial adds thousands
+    monkeypatch.setattr(cal, "Path", lambda path: tmp_path / "missing")  # unreadable: the default limit
+    assert cal.mappings_limit() == 65_530 - cal.MAPPINGS_MARGIN
 
 
 def test_a_new_shard_file_seeded_from_the_committed_one_grades_nothing_twice(tmp_path, graded):
     """docs/DEVELOPING.md's order: the committed trials merged into the second shard's new file first."""
     committed, shard = tmp_path / "trials.jsonl", tmp_path / "shard-1.jsonl"
-    cal.run(cal.calibration_tasks(2, ["a"]), out=committed, progress=False)  # seeds 0, 1000, 1, 1001
-    assert cal.merge(shard, [committed])[0] == 4 and trials_file.read(shard).header == trials_file.read(committed).header
+    g = cal.SLOT_GROUP
+    cal.run(cal.calibration_tasks(g + 2, ["a"]), out=committed, progress=False)  # into the second group: g, g + 1
+    assert cal.merge(shard, [committed])[0] == 2 * g + 4
+    assert trials_file.read(shard).header == trials_file.read(committed).header
     graded.clear()
-    cal.run(cal.calibration_tasks(4, ["a"], shard=(1, 2)), out=shard, resume=True, progress=False)
-    assert graded == [("a", 3), ("a", 1003)]
+    cal.run(cal.calibration_tasks(2 * g, ["a"], shard=(1, 2)), out=shard, resume=True, progress=False)
+    assert graded == [("a", s) for s in (*range(g + 2, 2 * g), *range(1000 + g + 2, 1000 + 2 * g))]
+
+
+def test_the_documented_cost_is_the_committed_trials():
+    """The cost figures in this module's docstring and in docs/DEVELOPING.md are the committed trials' (the
+    one machine's whose trials the report prices), not typed by hand."""
+    import re
+
+    repo = Path(__file__).resolve().parent.parent
+    s = cal.summary(cal.read_trials(repo / cal.TRIALS_PATH)[0])
+    doc = " ".join(cal.__doc__.split())
+    assert f"**{s['cpu_s_per_trial']:.1f} CPU-s per candidate-seed**" in doc
+    assert f"{s['shared_cpu_s_per_trial']:.1f} of them the trial's share" in doc
+    assert f"here {s['cost_machine']}," in doc
+    developing = " ".join((repo / "docs" / "DEVELOPING.md").read_text().split())
+    assert re.search(rf"Cost: about {s['cpu_s_per_trial']:.0f} CPU-seconds per candidate and seed", developing)

@@ -6,7 +6,7 @@ background on a shared machine::
 
     nohup nice -n 19 tpu-kernel-records calibrate --resume --max-minutes 150 --quiet > calibration.log 2>&1 &
 
-On N cores, N runs at once, each on its share of the seeds (``--shard K/N``) with its own trials file, joined
+On N cores, N runs at once, each on its share of the seed groups (``--shard K/N``) with its own trials file, joined
 into the committed one with ``--merge`` (which grades nothing).
 """
 
@@ -26,14 +26,17 @@ from ..grading.runner import DEFAULT_TIME_LIMIT_S
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``calibrate`` to ``tpu-kernel-records``."""
-    from ..grading.calibration import HELD_OUT_FIRST_SEED, KERNEL_SEEDS, KERNELS, REPORT_PATH, TRIALS_PATH
+    from ..grading.calibration import (HELD_OUT_FIRST_SEED, KERNEL_SEEDS, KERNELS, REPORT_PATH, SLOT_GROUP,
+                                       TRIALS_PATH)
 
     p = subparsers.add_parser(
         "calibrate", help="calibrate the tolerance: needed k of correct candidates over many seeds",
         description=f"Measure the needed k of the correct built-ins (or the --candidate ones) at the full level on "
                     f"N calibration seeds (0..N-1) and N held-out seeds ({HELD_OUT_FIRST_SEED}..): each trial runs "
-                    f"the checks that judge against the float64 truth, on the problems a full scorecard of the "
-                    f"seed draws, a built-in in this process and a file or module candidate in its sandbox. "
+                    f"the checks that judge against the float64 truth, on full-level problems (seeds in groups "
+                    f"of {SLOT_GROUP} share the shapes and flags of the group's first seed, each drawing its own "
+                    f"values, so compiled programs recur), a built-in in this process and a file or module "
+                    f"candidate in its sandbox, on its seed's own slots. "
                     f"Trials are appended to --trials as they finish; the table of grading/tolerance.py is written "
                     f"to --markdown from every trial the file holds. Measured on CPU: numerics, not speed. Exit: 0 "
                     f"no false reject and held-out needs within the policy; 1 otherwise, or trials left to grade; "
@@ -56,8 +59,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                    help="start no trial after this many minutes; the report covers what the file holds")
     p.add_argument("--report-only", action="store_true", help="grade nothing: write the report from the trials file")
     p.add_argument("--shard", type=_shard, default=(0, 1), metavar="K/N",
-                   help="grade only seeds s with s mod 1000 mod N == K (both sets): N runs at once, one per core, "
-                        "each with its own --trials file, joined afterwards with --merge (default 0/1: all)")
+                   help=f"grade only the seed groups g = (s mod 1000) // {SLOT_GROUP} with g mod N == K (both "
+                        f"sets): N runs at once, one per core, each with its own --trials file, joined afterwards "
+                        f"with --merge (default 0/1: all)")
     p.add_argument("--merge", type=Path, nargs="+", metavar="JSONL",
                    help="grade nothing: add to --trials the trials of these files (other shards) that it lacks, "
                         "then write the report")

@@ -9,65 +9,73 @@ set, the false rejects in each, and what the rule "k = RULE_MARGIN x the largest
 calibration seeds, rounded up" gives against the policy. Measured on CPU (numerics are valid there; no
 speed is implied).
 
-**A trial** (:func:`seed_trials`) computes what the needed k depends on and nothing else: every check of
-the full level whose outcome holds tolerance verdicts (the candidate's errors against the float64 truth
-over the reference's errors; :func:`numeric_checks`: every base check but output-shape-dtype and determinism,
-and each declared feature's check), run as the rubric runs them, on the very problems a full-level
-scorecard of that seed draws: the checks build them (``grading.checks.problems``), so shapes, values,
-dtypes and flags cannot differ (``tests/test_calibration.py`` compares them problem by problem, and, slow,
-the needed k of the reference's trial with its full scorecard's in the worker, at the quick level). The
-trials of one seed are batched: the seed's problems, truth and
-baselines are computed once, before its first candidate, and shared by all. A built-in (our own code)
-is called in this process through the worker's own request handler (``grading.worker``: the same
-calls, the same results as in its worker process), so its jitted functions and their compiled programs
-live across seeds until the memory mappings they hold pass ``MAPPINGS_LIMIT``. A file or
-module candidate is graded as any scorecard is, in its sandboxed worker (``grading.rubric``), unchanged.
+**A trial** (:func:`seed_trials`) computes what the needed k depends on and nothing else: every check of the
+full level whose outcome holds tolerance verdicts (the candidate's errors against the float64 truth over the
+reference's errors; :func:`numeric_checks`: every base check but output-shape-dtype and determinism, and
+each declared feature's check), run as the rubric runs them, on the problems the full level draws: the
+checks build them (``grading.checks.problems``). **Slot groups.** Seeds come in groups of ``SLOT_GROUP``
+(``0-4``, ``5-9``, ..., ``1000-1004``, ...) that share one draw of slots, the shapes, dtypes and flags of
+the group's first seed (``grading.checks.Context.slots_from``), each seed drawing its own values; so the
+first seed of a group gets exactly its full-level scorecard's problems, every seed gets a full-level draw of
+slots with fresh values, and the compiled programs of a group's first seed serve the rest
+(``tests/test_calibration.py`` compares the draws problem by problem with the rubric's, and, slow, the
+needed k of the reference's trial with its full scorecard's in the worker, at the quick level). The report
+says how many slot draws each set covers. The trials of one seed are batched: the seed's problems, truth and
+baselines are computed once, before its first candidate, and shared by all. A built-in (our own code) is
+called in this process through the worker's own request handler (``grading.worker``: the same calls, the
+same results as in its worker process), so its jitted functions and their compiled programs live across the
+seeds of a group; they are let go when the next group starts, or once the memory mappings they hold pass
+:func:`mappings_limit`. A file or module candidate is graded as any scorecard is, in its sandboxed worker
+(``grading.rubric``), unchanged: on its seed's own slots.
 
 **Cost**, measured (CPU seconds of this process, the ``cpu_s`` and ``shared_cpu_s`` of each trial record,
-which the report sums; this 2-core machine, jax 0.10.2, two runs at once under ``nice``, one per core)::
+which the report sums over one machine's trials; here AMD EPYC, 2 cores, jax 0.10.2, two runs at once under
+``nice``, one per core)::
 
     tpu-kernel-records calibrate --trials shard-1.jsonl --merge calibration/trials.jsonl --markdown shard-1.md
-    tpu-kernel-records calibrate --shard 0/2 --kernels --kernel-seeds 4 --resume --max-minutes 150 --quiet
-    tpu-kernel-records calibrate --shard 1/2 --kernels --kernel-seeds 4 --trials shard-1.jsonl --resume --max-minutes 150 --quiet
+    tpu-kernel-records calibrate --shard 0/2 --kernels --resume --max-minutes 160 --quiet
+    tpu-kernel-records calibrate --shard 1/2 --kernels --trials shard-1.jsonl --resume --max-minutes 160 --quiet
     tpu-kernel-records calibrate --merge shard-1.jsonl
 
-gave, over the committed trials (254 trials, 17 calibration and 16 held-out seeds),
-**48.4 CPU-s per candidate-seed** of a pure-JAX candidate: 6.6 of them the trial's share of its seed's problems,
-truth and baselines, and the candidate's own 26.6-68.9 (reference 26.6, rounded-probs 36.3, online-softmax 33.2, flash-style 39.1, per-head-dkv 39.1, online-softmax-features 68.9, flash-style-features 49.8). The goal of <= 3
-CPU-s per candidate-seed is not reached, and cannot be at today's full level: the candidate's share is
-mostly compiling (every seed draws new shapes: lengths like ``1024 + r(1, 300)`` recur rarely), and the
-same calls a second time, compiled, still take 6.7 (rounded-probs) to 10 (flash-style) CPU-s, running
-the full level's problems (a 2,300 x 2,800 prefill, 131k-key caches, 64 heads) on a CPU. At the quick
-level, whose shapes are fixed, a trial after the first seed costs 0.1 CPU-s. Compile options that give
-the same bits do not help (``xla_llvm_disable_expensive_passes``: flash-style 29.5 CPU-s cold against
-29.1), and ``xla_backend_optimization_level=0`` changes flash-style's results, so neither is used.
-Reaching 3 CPU-s needs full-level shapes that recur (drawn from buckets) and smaller problems, which
-changes what the rubric grades. At 48 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX
-built-ins are about 38 CPU-hours: two ``--max-minutes 150`` pieces at once, at a core each,
-cover about 53 of the 400 seeds, and ``--resume`` continues. The interpret-mode kernels cost more
-(their own CPU-s per seed at the full level: pallas 28, flash-triton 89, flash 287), hence ``--kernel-seeds``.
+gave, over the committed trials (61 trials: 7 calibration and 0 held-out seeds, 2 + 0 slot draws), **36.1
+CPU-s per candidate-seed** of a pure-JAX candidate: 3.4 of them the trial's share of its seed's problems,
+truth and baselines, and the candidate's own 20.7-50.9 (reference 20.7, rounded-probs 30.0, online-softmax
+27.2, flash-style 32.2, per-head-dkv 32.1, online-softmax-features 50.9, flash-style-features 37.2). A slot
+group's first seed compiles: its trials cost 46.1 CPU-s each, the other seeds' 31.2. The goal of <= 3 CPU-s
+per candidate-seed is not reached: a compiled trial still runs the full level's problems (a 2,300 x 2,800
+prefill, 131k-key caches, 64 heads) on a CPU, and its seed's float64 truth; reaching 3 CPU-s needs smaller
+problems, which changes what the rubric grades. Compile options that give the same bits do not help
+(``xla_llvm_disable_expensive_passes``), and ``xla_backend_optimization_level=0`` changes flash-style's
+results, so neither is used. At 36 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX built-ins are about 28
+CPU-hours: two ``--max-minutes 160`` pieces at once, at a core each, cover about 76 of the 400 seeds, and
+``--resume`` continues. The interpret-mode kernels cost more (their own CPU-s per seed at the full level:
+pallas 21, flash-triton 53, flash 136), hence ``--kernel-seeds``.
 
-**Memory.** A seed's truths are computed one problem at a time (the float64 truth of a full-level
-prefill holds gigabytes), a finished seed's problems are let go, and the compiled programs are let go
-once the process holds ``MAPPINGS_LIMIT`` memory mappings (each compiled XLA:CPU program holds some; a
-full-level seed of seven candidates adds about 30,000, and the kernel's default limit is 65,530).
+**Memory.** A seed's truths are computed one problem at a time (the float64 truth of a full-level prefill
+holds gigabytes), a finished seed's problems are let go, and the compiled programs are let go when a new
+slot group starts, or once the process holds :func:`mappings_limit` memory mappings (each compiled XLA:CPU
+program holds some; the kernel's default limit is 65,530).
 
-**The sweep** (:func:`run`) goes seed by seed (calibration and held-out seeds alternate, so a partial run
-holds both), appends each trial to a JSON Lines file as it finishes (``grading.trials_file``: a killed
-run loses at most the trial in progress; a cut-off last line is dropped and reported, and its trial
-graded again), skips on ``resume`` every trial the file holds (none is graded twice), and stops cleanly
-once ``budget_s`` has passed (before the next trial). The file's first line names the policy (with its
-allowed roundings) and the problems its trials were drawn from (:func:`distribution_digest`), so a resume
-after either changed is refused, never mixed. ``shard`` splits the seeds between runs, one per core, each
-with its own file, and :func:`merge` joins them. The report is regenerated from whatever trials the file
-holds (``--report-only`` grades nothing), and says how many seeds of each set it covers.
+**The sweep** (:func:`run`) goes seed by seed, a slot group of calibration seeds and one of held-out seeds
+in turn (so a partial run holds both sets), appends each trial to a JSON Lines file as it finishes
+(``grading.trials_file``: a killed run loses at most the trial in progress; a cut-off last line is dropped
+and reported, and its trial graded again), skips on ``resume`` every trial the file holds (none is graded
+twice), and stops cleanly once ``budget_s`` has passed (before the next trial). The file's first line names
+the policy (with its allowed roundings), the slot group's size and the problems its trials were drawn from
+(:func:`distribution_digest`), so a resume after any of them changed is refused, never mixed. ``shard``
+splits the slot groups between runs, one per core, each with its own file, and :func:`merge` joins them. The
+report is regenerated from whatever trials the file holds (``--report-only`` grades nothing), and says how
+many seeds and slot draws of each set it covers.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
+import os
+import platform
 import resource
 import time
 from dataclasses import dataclass, field
@@ -88,7 +96,10 @@ from kernel_src.contract import FEATURES
 
 HELD_OUT_FIRST_SEED = 1000
 RULE_MARGIN = 1.25
-FORMAT = 2
+FORMAT = 3
+# Seeds share their slots (shapes, dtypes, flags) in groups of this many: seed s takes the slots of
+# ``slots_seed(s)``, the first seed of its group, and its values from itself (``grading.checks.Context.slots_from``).
+SLOT_GROUP = 5
 # Where the committed calibration lives (relative to the checkout, as ``data`` is for ``verify``). Not under
 # data/: every file there is checksummed by data/SHA256SUMS and traces back to a run folder in data/raw/.
 CALIBRATION_DIR = Path("calibration")
@@ -111,29 +122,54 @@ def correct_candidates() -> list[str]:
     return [n for n, c in BUILTIN.items() if c.kind in ("reference", "correct-variant")]
 
 
+def slots_seed(seed: int) -> int:
+    """The seed whose slots ``seed``'s problems take: the first of its group of ``SLOT_GROUP`` (both sets start
+    at a multiple of it)."""
+    return seed - seed % SLOT_GROUP
+
+
 def calibration_seeds(seeds: int) -> list[int]:
-    """``0..seeds-1`` and ``HELD_OUT_FIRST_SEED..``, alternating, so a partial run holds both sets."""
+    """``0..seeds-1`` and ``HELD_OUT_FIRST_SEED..``, a slot group of each in turn, so a partial run holds both
+    sets and each group's seeds run one after another (their compiled programs recur)."""
     if seeds < 1:
         raise ValueError(f"seeds must be >= 1, got {seeds}")
-    return [s for pair in zip(range(seeds), range(HELD_OUT_FIRST_SEED, HELD_OUT_FIRST_SEED + seeds)) for s in pair]
+    out = []
+    for first in range(0, seeds, SLOT_GROUP):
+        group = range(first, min(seeds, first + SLOT_GROUP))
+        out += [*group, *(HELD_OUT_FIRST_SEED + s for s in group)]
+    return out
 
 
 def calibration_tasks(seeds: int, candidates: Sequence[str], kernel_seeds: int | None = None,
                       kernels: Sequence[str] = KERNELS, shard: tuple[int, int] = (0, 1)) -> list[tuple[str, int]]:
     """Every ``(candidate, seed)``, seed-major; the ``kernels`` among ``candidates`` only on the first
-    ``kernel_seeds`` of each set (default: all). ``shard`` ``(k, n)``: only the seeds ``s`` with
-    ``s % HELD_OUT_FIRST_SEED % n == k`` (both sets; ``n`` runs, one per core, share the seeds between them
-    and each keeps its own trials file, joined by :func:`merge`)."""
+    ``kernel_seeds`` of each set (default: all). ``shard`` ``(k, n)``: only the seeds of the slot
+    groups ``g = s % HELD_OUT_FIRST_SEED // SLOT_GROUP`` with ``g % n == k`` (both sets; ``n`` runs, one per
+    core, share the groups between them and each keeps its own trials file, joined by :func:`merge`)."""
     k, n = shard
     if not 0 <= k < n:
         raise ValueError(f"shard must be K/N with 0 <= K < N, got {k}/{n}")
     few = seeds if kernel_seeds is None else min(seeds, kernel_seeds)
-    return [(name, seed) for seed in calibration_seeds(seeds) if seed % HELD_OUT_FIRST_SEED % n == k
+    return [(name, seed) for seed in calibration_seeds(seeds) if seed % HELD_OUT_FIRST_SEED // SLOT_GROUP % n == k
             for name in candidates if name not in kernels or seed % HELD_OUT_FIRST_SEED < few]
 
 
 def _set(seed: int) -> str:
     return "held-out" if seed >= HELD_OUT_FIRST_SEED else "calibration"
+
+
+@functools.lru_cache(maxsize=1)
+def machine() -> str:
+    """What graded a trial, for its CPU seconds: the processor's model name, its cores and JAX's version."""
+    import jax
+
+    model = platform.processor() or "unknown processor"
+    try:
+        with open("/proc/cpuinfo") as info:
+            model = next((line.split(":", 1)[1].strip() for line in info if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"{model}, {os.cpu_count()} cores, jax {jax.__version__}"
 
 
 def _cpu_s(children: bool = False) -> float:
@@ -195,12 +231,12 @@ class InProcessRunner(Runner):
 
 
 def seed_problems(seed: int, level: str = "full", features: Sequence[str] = FEATURES,
-                  prepare: bool = True) -> list[Problem]:
+                  prepare: bool = True, slots_from: int | None = None) -> list[Problem]:
     """Every fresh problem the numeric checks (of a candidate declaring ``features``) draw on ``seed``, as
     the full grade draws them (the checks' own builders, through ``grading.checks.problems``), in check
     order; with ``prepare`` their truth and baselines computed, one problem at a time (not on the background
     threads: three float64 truths of full-level prefills at once took two runs past 23 GB)."""
-    planning = C._Planning(None, seed, level=level, ahead=False)
+    planning = C._Planning(None, seed, level=level, ahead=False, slots_from=slots_from)
     found: list[Problem] = []
 
     def walk(x) -> None:
@@ -216,13 +252,14 @@ def seed_problems(seed: int, level: str = "full", features: Sequence[str] = FEAT
             spec.run(planning)
         except Exception:  # noqa: BLE001  _Planned at the first call; anything else the graded run reports
             pass
-        walk(C._CACHE.get((seed, level, spec.name), []))
+        walk(C._CACHE.get(C.cache_key(planning, spec.name), []))
     for p in found if prepare else ():
         p.prepare()
     return found
 
 
-def _trial(runner: Runner, cand: Candidate, seed: int, level: str) -> "Scorecard":  # noqa: F821
+def _trial(runner: Runner, cand: Candidate, seed: int, level: str,
+           slots_from: int | None = None) -> "Scorecard":  # noqa: F821
     from ..grading.rubric import CheckResult, Scorecard, _finite, run_check
 
     runner.new_scorecard()
@@ -230,7 +267,7 @@ def _trial(runner: Runner, cand: Candidate, seed: int, level: str) -> "Scorecard
     if error is not None:
         return Scorecard(cand.name, cand.kind, [CheckResult("load", False, 0.0, 0.0, error)], error=error,
                          seed=seed, level=level, isolation=runner.isolation)
-    ctx = C.Context(runner, seed, level=level)
+    ctx = C.Context(runner, seed, level=level, slots_from=slots_from)
     results, verdicts = [], {}
     for spec in numeric_checks(runner.features):
         result, verdicts[spec.name] = run_check(spec, ctx)
@@ -271,19 +308,21 @@ class Runners:
         return self._kept[cand.name]
 
 
-def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", runners: Runners | None = None,
-                on_trial: Callable[[dict], None] | None = None,
+def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", slots_from: int | None = None,
+                runners: Runners | None = None, on_trial: Callable[[dict], None] | None = None,
                 stop: Callable[[], bool] = lambda: False) -> list[dict]:
     """The trial record of each candidate of ``names`` on ``seed`` (``power.trial_record`` plus ``cpu_s``, the
     candidate's CPU seconds, ``shared_cpu_s``, its share of the seed's problems, truth and baselines, and
-    ``trial``: "numeric" in-process, "scorecard" for a stranger's candidate graded in its sandbox). Each is
-    passed to ``on_trial`` as it finishes; ``stop()`` is asked before each candidate."""
+    ``trial``: "numeric" in-process, "scorecard" for a stranger's candidate graded in its sandbox;
+    ``machine``, what graded it (:func:`machine`); ``slots_from``, the seed its slots were drawn from:
+    ``slots_from``, or ``seed`` itself when None and for a scorecard, which draws as every grade does). Each
+    is passed to ``on_trial`` as it finishes; ``stop()`` is asked before each candidate."""
     from ..grading.rubric import grade_seeds
 
     runners = runners or Runners()
     cands = [resolve(n) for n in names]
     start = _cpu_s()
-    seed_problems(seed, level, _features_of(cands))
+    seed_problems(seed, level, _features_of(cands), slots_from=slots_from)
     shared = (_cpu_s() - start) / max(1, len(cands))
     records = []
     for cand in cands:
@@ -291,14 +330,15 @@ def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", runners
             break
         cpu, children, wall = _cpu_s(), _cpu_s(children=True), time.perf_counter()
         if BUILTIN.get(cand.name) is cand:
-            card, kind = _trial(runners.of(cand), cand, seed, level), "numeric"
+            card, kind = _trial(runners.of(cand), cand, seed, level, slots_from), "numeric"
         else:
             limit = {} if runners.time_limit_s is None else {"time_limit_s": runners.time_limit_s}
             (card,) = grade_seeds(cand, [seed], level=level, isolation=runners.isolation, **limit)
             kind = "scorecard"
         record = power.trial_record(cand, seed, card, time.perf_counter() - wall)
         record.update(trial=kind, cpu_s=round(_cpu_s() - cpu + _cpu_s(children=True) - children, 2),
-                      shared_cpu_s=round(shared, 2))
+                      shared_cpu_s=round(shared, 2), machine=machine(),
+                      slots_from=seed if kind == "scorecard" or slots_from is None else slots_from)
         records.append(record)
         if on_trial is not None:
             on_trial(record)
@@ -310,12 +350,25 @@ def seed_trials(seed: int, names: Sequence[str], *, level: str = "full", runners
 # --------------------------------------------------------------------------------------------------
 # The sweep.
 
-# Each compiled XLA:CPU program holds memory mappings of its own, and a full-level seed compiles hundreds:
-# kept across seeds they reach the kernel's limit (vm.max_map_count, 65,530 by default) after about five
-# seeds with seven candidates, and the next compile fails ("LLVM compilation error: Cannot allocate memory",
-# then a crash): a full-level seed of seven candidates adds about 30,000. Past this many mappings the sweep
-# lets every compiled program go after the trial that crossed it.
-MAPPINGS_LIMIT = 30_000
+# Each compiled XLA:CPU program holds memory mappings of its own, and a full-level seed compiles hundreds
+# (the seven pure-JAX candidates: about 40,000; with the three kernels in interpret mode, more); past the
+# kernel's limit (vm.max_map_count, 65,530 by default) the next compile fails ("LLVM compilation error:
+# Cannot allocate memory", then a crash). The seeds of a slot group reuse the programs of its first seed, so
+# the count stops growing there, and the sweep lets every program go when a new group starts; past
+# ``mappings_limit()`` it also lets them go after the trial that crossed it (the group's later seeds then
+# compile again: raise vm.max_map_count to keep a whole group's programs, docs/DEVELOPING.md).
+MAPPINGS_MARGIN = 20_000  # room for the trial that crosses the limit (a kernel in interpret mode adds thousands)
+
+
+def mappings_limit() -> int:
+    """How many memory mappings the compiled programs may hold before they are let go: the kernel's limit
+    (``/proc/sys/vm/max_map_count``; 65,530 where it cannot be read) less ``MAPPINGS_MARGIN``, at least half
+    of it."""
+    try:
+        kernel = int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        kernel = 65_530
+    return max(kernel - MAPPINGS_MARGIN, kernel // 2)
 
 
 def memory_mappings() -> int | None:
@@ -327,14 +380,16 @@ def memory_mappings() -> int | None:
         return None
 
 
-def release_compiled(runners: "Runners", limit: int = MAPPINGS_LIMIT) -> bool:
-    """Past ``limit`` mappings, drop the built-ins' runners and JAX's caches of compiled programs; True if so."""
+def release_compiled(runners: "Runners", limit: int | None = None, *, now: bool = False) -> bool:
+    """Past ``limit`` mappings (default :func:`mappings_limit`; or ``now``: a new slot group starts, whose
+    shapes none of them serves), drop the built-ins' runners and JAX's caches of compiled programs; True if so."""
     import gc
 
     import jax
 
     count = memory_mappings()
-    if count is None or count <= limit:
+    limit = mappings_limit() if limit is None else limit
+    if not now and (count is None or count <= limit):
         return False
     runners.clear()
     jax.clear_caches()
@@ -369,7 +424,8 @@ def _forget(seed: int, level: str) -> None:
 def header(level: str, digest: str | None = None) -> dict:
     """The first line of a calibration's trials file: what its trials mean (a resume must match it), with
     the ``distribution_digest`` of the problems they were drawn from when ``digest`` is given."""
-    sweep = {"format": FORMAT, "kind": "calibration", "level": level, "policy": POLICY.to_dict()}
+    sweep = {"format": FORMAT, "kind": "calibration", "level": level, "slot_group": SLOT_GROUP,
+             "policy": POLICY.to_dict()}
     return {"sweep": sweep if digest is None else {**sweep, "problems": digest}}
 
 
@@ -463,11 +519,15 @@ def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | No
     def out_of_time() -> bool:
         return deadline is not None and clock() >= deadline
 
+    group = None
     for seed in dict.fromkeys(s for _, s in todo):
         if out_of_time():
             break
-        seed_trials(seed, [n for n, s in todo if s == seed], level=level, runners=runners, on_trial=keep,
-                    stop=out_of_time)
+        if group is not None and slots_seed(seed) != group:
+            release_compiled(runners, now=True)
+        group = slots_seed(seed)
+        seed_trials(seed, [n for n, s in todo if s == seed], level=level, slots_from=group, runners=runners,
+                    on_trial=keep, stop=out_of_time)
     bar.close()
     result.remaining = sum(t not in done for t in tasks)
     wanted = set(tasks)
@@ -485,8 +545,9 @@ def _needed(record: dict, prefix: str) -> float:
 
 def summary(trials: Sequence[dict]) -> dict:
     """Per set and candidate: seeds, largest needed k forward / gradient, false rejects (with the trials
-    that were rejected); the rule's k; the held-out seeds' largest needs; seeds; CPU-s per trial (of the
-    candidates that are not ``KERNELS``) and each candidate's own CPU-s per trial."""
+    that were rejected); the rule's k; the held-out seeds' largest needs; seeds and slot draws; and, over the
+    trials of the machine that graded the most (``cost_machine``; CPU seconds of different machines are not
+    summed), CPU-s per trial (of the candidates that are not ``KERNELS``) and each candidate's own."""
     out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient}}
     for record in trials:
         which = out["sets"].setdefault(_set(record["seed"]), {})
@@ -506,7 +567,12 @@ def summary(trials: Sequence[dict]) -> dict:
     out["held_out_rejects"] = sum(e["rejects"] for e in held)
     out["seeds"] = {which: len({s for e in out["sets"].get(which, {}).values() for s in e["seeds"]})
                     for which in ("calibration", "held-out")}
-    timed = [r for r in trials if "cpu_s" in r]
+    out["slot_draws"] = {which: len({r.get("slots_from", r["seed"]) for r in trials if _set(r["seed"]) == which})
+                         for which in ("calibration", "held-out")}
+    machines = [r.get("machine") for r in trials if "cpu_s" in r]
+    out["cost_machine"] = max(dict.fromkeys(machines), key=machines.count) if machines else None
+    timed = [r for r in trials if "cpu_s" in r and r.get("machine") == out["cost_machine"]]
+    out["cost_trials"] = len(timed)
     pure = [r for r in timed if r["candidate"] not in KERNELS]  # the interpret-mode kernels are priced apart
     out["cpu_s_per_trial"] = (sum(r["cpu_s"] + r.get("shared_cpu_s", 0.0) for r in pure) / len(pure)
                               if pure else None)
@@ -527,7 +593,9 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
 
     def seeds_of(which: str) -> str:
         seeds = sorted({x for e in s["sets"].get(which, {}).values() for x in e["seeds"]})
-        return f"{len(seeds)} {which} seeds" + (f" ({seeds[0]}-{seeds[-1]})" if seeds else "")
+        draws = s["slot_draws"][which]
+        return f"{len(seeds)} {which} seeds" + (f" ({seeds[0]}-{seeds[-1]}; {draws} slot draw{'s' * (draws != 1)})"
+                                                 if seeds else "")
 
     cost = "" if s["cpu_s_per_trial"] is None else (f" {s['cpu_s_per_trial']:.1f} CPU-s per trial (candidate and "
                                                     f"seed) of the pure-JAX candidates, the seed's shared truth and "
@@ -549,14 +617,18 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
     within = held["forward"] <= pol["forward"] and held["gradient"] <= pol["gradient"]
     lines += ["", f"Rule: k = {RULE_MARGIN} x the largest needed value on the calibration seeds, rounded up: "
                   f"forward {rule['forward']}, gradient {rule['gradient']} (policy: {pol['forward']:g}, "
-                  f"{pol['gradient']:g}). Held-out largest: forward {held['forward']:.2f}, gradient "
-                  f"{held['gradient']:.2f} ({'within' if within else 'OVER'} the policy); held-out false rejects: "
-                  f"{s['held_out_rejects']}."]
+                  f"{pol['gradient']:g}). "
+                  + (f"Held-out largest: forward {held['forward']:.2f}, gradient {held['gradient']:.2f} "
+                     f"({'within' if within else 'OVER'} the policy); held-out false rejects: {s['held_out_rejects']}."
+                     if s["seeds"]["held-out"] else "No held-out seed graded yet.")]
     if s["cpu_s_per_trial"] is not None:
         own = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name not in KERNELS)
         kernels = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name in KERNELS)
-        lines += ["", f"Cost, measured (CPU seconds of the grading process, summed from the trials' `cpu_s` and "
-                      f"`shared_cpu_s`): {s['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate, of which "
+        others = len([r for r in trials if "cpu_s" in r]) - s["cost_trials"]
+        lines += ["", f"Cost, measured on {s['cost_machine']} (CPU seconds of the grading process, summed from the "
+                      f"trials' `cpu_s` and `shared_cpu_s`"
+                      + (f"; the {others} trials graded on other machines are not counted" if others else "")
+                      + f"): {s['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate, of which "
                       f"{s['shared_cpu_s_per_trial']:.1f} is its share of the seed's problems, truth and baselines; "
                       f"the candidate's own, per candidate: {own}."
                       + (f" The kernels' own, in interpret mode: {kernels}." if kernels else "")]

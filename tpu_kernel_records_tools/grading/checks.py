@@ -126,7 +126,11 @@ def _stays_put(ctx: "Context", p: Problem, changed: Problem, rows: np.ndarray,
 @dataclass
 class Context:
     """What every check receives: the candidate's runner, the seed, the level ("full" or "quick") and
-    the outputs of this grade's fresh draws, by ``Problem.key`` (to catch a result reused across draws)."""
+    the outputs of this grade's fresh draws, by ``Problem.key`` (to catch a result reused across draws).
+
+    ``slots_from``: the seed whose slots (shapes, dtypes and flags: ``draw_shapes``, ``draw_feature_slots``,
+    ``draw_paged_slots``) the problems take, their values still drawn from ``seed``; None (every grade): ``seed``.
+    A calibration lets several seeds share one seed's slots, so its compiled programs recur."""
 
     runner: Runner
     seed: int
@@ -134,13 +138,19 @@ class Context:
     seen: dict = field(default_factory=dict, repr=False)
     stale: list = field(default_factory=list, repr=False)
     ahead: bool = True  # queue each check's truths and baselines for the background threads as it builds them
+    slots_from: int | None = None
+
+    @property
+    def slot_seed(self) -> int:
+        """The seed the slots are drawn from (``slots_from``, else ``seed``)."""
+        return self.seed if self.slots_from is None else self.slots_from
 
     def rng(self, check: str, trial: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, zlib.crc32(check.encode()), trial])
 
     @property
     def shapes(self) -> dict[str, Dims]:
-        return draw_shapes(self.seed, self.level)
+        return draw_shapes(self.slot_seed, self.level)
 
     def problem(self, rng: np.random.Generator, slot: str, *, grad: bool = False, lengths=None,
                 zero_batch: int | None = None, tag: str = "") -> Problem:
@@ -190,13 +200,18 @@ CACHE_SEEDS = 4  # the problems (inputs, truth, baseline) of this many (seed, le
 def problems(ctx: Context, check: str, build: Callable[[Callable[[int], np.random.Generator]], list]) -> list:
     """``build(rng_of_trial)`` once per (seed, level, check); kept for the other candidates graded on the
     same seed (the most recent ``CACHE_SEEDS`` seeds and levels)."""
-    key = (ctx.seed, ctx.level, check)
     with _BUILDING:
-        return _problems(ctx, key, build)
+        return _problems(ctx, check, build)
 
 
-def _problems(ctx: Context, key: tuple, build: Callable) -> list:
-    check = key[2]
+def cache_key(ctx: Context, check: str) -> tuple:
+    """Where ``problems`` keeps ``check``'s problems: (seed, level, check), and the slots' seed if it is not the
+    seed's own."""
+    return (ctx.seed, ctx.level, check) + (() if ctx.slots_from in (None, ctx.seed) else (ctx.slots_from,))
+
+
+def _problems(ctx: Context, check: str, build: Callable) -> list:
+    key = cache_key(ctx, check)
     if key not in _CACHE:
         recent = list(dict.fromkeys(k[:2] for k in _CACHE))  # insertion order: oldest first
         if key[:2] not in recent and len(recent) >= CACHE_SEEDS:

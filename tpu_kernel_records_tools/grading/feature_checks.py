@@ -28,8 +28,8 @@ from kernel_src.contract import FEATURES, Dims
 
 
 def feature_slots(ctx: Context, feature: str) -> dict[str, dict]:
-    """The slots of ``feature`` at the context's seed and level, by name."""
-    return {n: s for n, s in draw_feature_slots(ctx.seed, ctx.level).items() if n.startswith(feature + "/")}
+    """The slots of ``feature`` of the context's slot seed and level, by name."""
+    return {n: s for n, s in draw_feature_slots(ctx.slot_seed, ctx.level).items() if n.startswith(feature + "/")}
 
 
 def _runs(rng: np.random.Generator, length: int, longest: int, ids) -> np.ndarray:
@@ -104,7 +104,7 @@ def _window_lengths(rng: np.random.Generator, d: Dims, window, quick: bool) -> n
 def feature_problem(ctx: Context, rng: np.random.Generator, name: str, *, grad: bool | None = None,
                     tag: str = "") -> Problem:
     """One draw at feature slot ``name`` (``grading.slots.draw_feature_slots``) with every one of its flags."""
-    spec = draw_feature_slots(ctx.seed, ctx.level)[name]
+    spec = draw_feature_slots(ctx.slot_seed, ctx.level)[name]
     d, quick = spec["dims"], ctx.level == "quick"
     if spec["lengths"] and name == "window/decode":
         lengths = _window_lengths(rng, d, spec["window"], quick)

@@ -38,8 +38,8 @@ from kernel_src.contract import PAGED_FEATURES
 
 
 def slots(ctx: Context) -> dict[str, PagedSlot]:
-    """The paged slots of the context's seed and level."""
-    return draw_paged_slots(ctx.seed, ctx.level)
+    """The paged slots of the context's slot seed and level."""
+    return draw_paged_slots(ctx.slot_seed, ctx.level)
 
 
 def _judge(p: PagedProblem, out: np.ndarray, truth: np.ndarray | None = None, label: str | None = None) -> Verdict:
