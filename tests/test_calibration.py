@@ -421,3 +421,29 @@ def test_the_documented_cost_is_the_committed_trials():
     assert f"here {s['cost_machine']}," in doc
     developing = " ".join((repo / "docs" / "DEVELOPING.md").read_text().split())
     assert re.search(rf"Cost: about {s['cpu_s_per_trial']:.0f} CPU-seconds per candidate and seed", developing)
+
+
+def test_cpu_seconds_are_user_plus_system_time_of_this_process_or_its_children(monkeypatch):
+    import resource
+    from types import SimpleNamespace
+
+    asked = []
+    monkeypatch.setattr(resource, "getrusage", lambda who: asked.append(who) or SimpleNamespace(ru_utime=2.0,
+                                                                                                 ru_stime=3.0))
+    assert cal._cpu_s() == 5.0 and cal._cpu_s(children=True) == 5.0
+    assert asked == [resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN]
+
+
+def test_a_shard_past_the_last_and_a_file_of_another_kind_are_refused(tmp_path, graded):
+    with pytest.raises(ValueError, match="shard"):
+        cal.calibration_tasks(4, ["a"], shard=(3, 2))
+    audit = tmp_path / "audit.jsonl"
+    audit.write_text(json.dumps({"sweep": {"kind": "audit"}}) + "\n")
+    one = tmp_path / "one.jsonl"
+    cal.run([("a", 0)], out=one, progress=False)
+    with pytest.raises(ValueError, match="is not a calibration's trials file"):
+        cal.merge(audit, [one])
+    other = tmp_path / "other.jsonl"
+    other.write_text(json.dumps({"sweep": {**trials_file.read(one).header["sweep"], "problems": "yesterday"}}) + "\n")
+    with pytest.raises(ValueError, match="other.jsonl holds another sweep"):  # the first source's line is the one
+        cal.merge(tmp_path / "new.jsonl", [one, other])
