@@ -37,19 +37,19 @@ which the report sums over one machine's trials; here AMD EPYC, 2 cores, jax 0.1
     tpu-kernel-records calibrate --shard 1/2 --kernels --trials shard-1.jsonl --resume --max-minutes 160 --quiet
     tpu-kernel-records calibrate --merge shard-1.jsonl
 
-gave, over the committed trials (61 trials: 7 calibration and 0 held-out seeds, 2 + 0 slot draws), **36.1
-CPU-s per candidate-seed** of a pure-JAX candidate: 3.4 of them the trial's share of its seed's problems,
-truth and baselines, and the candidate's own 20.7-50.9 (reference 20.7, rounded-probs 30.0, online-softmax
-27.2, flash-style 32.2, per-head-dkv 32.1, online-softmax-features 50.9, flash-style-features 37.2). A slot
-group's first seed compiles: its trials cost 46.1 CPU-s each, the other seeds' 31.2. The goal of <= 3 CPU-s
+gave, over the committed trials (473 trials: 31 calibration and 29 held-out seeds, 7 + 6 slot draws), **25.1
+CPU-s per candidate-seed** of a pure-JAX candidate: 3.9 of them the trial's share of its seed's problems,
+truth and baselines, and the candidate's own 15.5-26.4 (reference 15.5, rounded-probs 18.5, online-softmax
+15.7, flash-style 25.2, per-head-dkv 25.1, online-softmax-features 26.4, flash-style-features 22.5). A slot
+group's first seed compiles: its trials cost 47.2 CPU-s each, the other seeds' 19.1. The goal of <= 3 CPU-s
 per candidate-seed is not reached: a compiled trial still runs the full level's problems (a 2,300 x 2,800
 prefill, 131k-key caches, 64 heads) on a CPU, and its seed's float64 truth; reaching 3 CPU-s needs smaller
 problems, which changes what the rubric grades. Compile options that give the same bits do not help
 (``xla_llvm_disable_expensive_passes``), and ``xla_backend_optimization_level=0`` changes flash-style's
-results, so neither is used. At 36 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX built-ins are about 28
-CPU-hours: two ``--max-minutes 160`` pieces at once, at a core each, cover about 76 of the 400 seeds, and
+results, so neither is used. At 25 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX built-ins are about 20
+CPU-hours: two ``--max-minutes 160`` pieces at once, at a core each, cover about 109 of the 400 seeds, and
 ``--resume`` continues. The interpret-mode kernels cost more (their own CPU-s per seed at the full level:
-pallas 21, flash-triton 53, flash 136), hence ``--kernel-seeds``.
+pallas 15, flash-triton 38, flash 103), hence ``--kernel-seeds``.
 
 **Memory.** A seed's truths are computed one problem at a time (the float64 truth of a full-level prefill
 holds gigabytes), a finished seed's problems are let go, and the compiled programs are let go when a new
