@@ -19,6 +19,7 @@ def in_process(monkeypatch):
     monkeypatch.setattr(P, "grade_seeds", grading_inprocess.grade_seeds)
 
 
+@pytest.mark.slow  # a power sweep of every built-in (about 30 CPU-s)
 def test_power_counts_rejections_and_validates():
     power = P.measure_power(seeds=2, candidates=["reference", "zeros", "missing-mask"], progress=False,
                             first_seed=7, level="quick")

@@ -19,6 +19,7 @@ def _valid(doc):
                                    "scorecards": doc["scorecards"], "power": None})
 
 
+@pytest.mark.slow  # a whole grade in a worker (about 15 CPU-s); test_docs grades the example through the CLI by default
 def test_passing_candidate_exits_0_and_writes_json(tmp_path, capsys):
     out = tmp_path / "sub" / "cards.json"
     assert main(["--candidate", "reference", "--json", str(out), "--quiet", "--quick", "--features", "sinks"]) == 0
