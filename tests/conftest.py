@@ -3,6 +3,10 @@ check every kernel test uses (the rubric's float64 oracle and tolerance policy, 
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +25,31 @@ def _attention_inputs(batch, q_len, kv_len, q_heads, kv_heads, head_dim, dtype=j
     v = jax.random.normal(kv, (batch, kv_len, kv_heads, head_dim), jnp.float32).astype(dtype)
     do = jax.random.normal(kd, q.shape, jnp.float32)
     return q, k, v, do
+
+
+# One JAX compilation cache per test session, empty at its start: the xdist workers, and the grader CLIs
+# that tests start, share the programs they compile (most of the default run is compiling the same small
+# programs). It lives in a fresh temporary folder that the session removes. Never a graded candidate's: its
+# worker's environment is an allow-list (grading.sandbox) that leaves these variables out.
+SESSION_CACHE = "KERNEL_RECORDS_TEST_JAX_CACHE"  # not TPU_: the worker allow-list passes those
+
+
+def pytest_configure(config):
+    path = os.environ.get(SESSION_CACHE)
+    if path is None:  # the controller, or a run without xdist: its workers inherit the folder
+        path = tempfile.mkdtemp(prefix="jax-test-cache-")
+        os.environ[SESSION_CACHE] = config._jax_test_cache = path
+    settings = {"jax_compilation_cache_dir": path, "jax_persistent_cache_min_compile_time_secs": 0,
+                "jax_persistent_cache_min_entry_size_bytes": 0}
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        os.environ[name.upper()] = str(value)  # for the processes tests start (they read it at import)
+
+
+def pytest_unconfigure(config):
+    owned = getattr(config, "_jax_test_cache", None)
+    if owned is not None:
+        shutil.rmtree(owned, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -91,6 +91,7 @@ def test_jax_dot_product_attention_xla_is_accepted():
     _grade("xla_dot_product_attention", features=("window",))
 
 
+@pytest.mark.slow  # dpa's own programs at 24 shape-window pairs: about 8 s
 def test_dpa_window_translation_is_the_contracts_window():
     """dpa's top-left ``local_window_size`` at the translated sides (``_dpa_window``) is exactly the
     contract's bottom-right window: its own window mask, and what dpa itself computes (one-hot V reads its

@@ -56,11 +56,11 @@ CASES = {
     "causal-q-longer-empty-rows": (1, 300, 200, 4, 2, 64, True, [150], MIXED),
     "causal-narrow-40": (2, 40, 40, 4, 2, 32, True, [40, 7], FlashBlockSizes(*(32,) * 6)),
 }
-# the default run: three float32 cases and one bfloat16 (GQA with a zero length, empty rows, narrow tiles)
-SWEEP = [(name, jnp.float32) if name != "causal-k-longer-gqa1" else pytest.param(name, jnp.float32, marks=pytest.mark.slow)
-         for name in CASES] + [
-    pytest.param("causal-k-longer-gqa1", jnp.bfloat16, marks=pytest.mark.slow),
-    ("causal-q-longer-empty-rows", jnp.bfloat16)]
+# the default run: two float32 cases (GQA with a zero length; empty rows, mixed tiles); the slow run every one
+DEFAULT = {("gqa2-lengths-with-zero", jnp.float32), ("causal-q-longer-empty-rows", jnp.float32)}
+SWEEP = [(name, dtype) if (name, dtype) in DEFAULT else pytest.param(name, dtype, marks=pytest.mark.slow)
+         for dtype in (jnp.float32, jnp.bfloat16) for name in CASES
+         if dtype == jnp.float32 or name in ("causal-k-longer-gqa1", "causal-q-longer-empty-rows")]
 
 
 @pytest.mark.parametrize("name,dtype", SWEEP, ids=lambda x: x if isinstance(x, str) else jnp.dtype(x).name)

@@ -127,7 +127,8 @@ def _run(program, q, k, v, ct, lengths, q_ids, kv_ids, sinks):
         ids(q_ids, q.shape[1]), ids(kv_ids, k.shape[1]), jnp.asarray(sinks, jnp.float32)))
 
 
-@pytest.mark.parametrize("variant", [*VARIANTS, pytest.param("mosaic-no-table", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("variant", ["triton", *(pytest.param(v, marks=pytest.mark.slow)
+                                                  for v in ("mosaic", "mosaic-no-table"))])
 def test_every_feature_at_once_in_one_program(variant, monkeypatch):
     """Every feature matters; then the window and cap alone; then NaN where only skipped blocks
     would read it (keys outside every window; blocks whose ids cannot match). "mosaic-no-table":

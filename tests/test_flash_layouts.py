@@ -53,7 +53,7 @@ def _outputs(layout, dtype, q_heads, kv_heads, head_dim=128, q_len=136, kv_len=2
 
 
 @pytest.mark.parametrize("layout, dtype, q_heads, kv_heads", [
-    ("rows", jnp.bfloat16, 4, 2),  # head pairs share 32-bit words
+    pytest.param("rows", jnp.bfloat16, 4, 2, marks=pytest.mark.slow),  # head pairs share 32-bit words
     pytest.param("rows", jnp.bfloat16, 8, 1, marks=pytest.mark.slow),  # one kv head: its block is the head
     pytest.param("rows", jnp.float32, 4, 2, marks=pytest.mark.slow),  # strided 32-bit rows, no words
     pytest.param("flat", jnp.bfloat16, 4, 2, marks=pytest.mark.slow),  # lane windows

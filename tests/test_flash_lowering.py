@@ -64,6 +64,7 @@ def test_default_api_lowers_to_triton_for_cuda(seq, head_dim):
     assert "tpu_custom_call" not in module
 
 
+@pytest.mark.slow  # the flash kernel's forward and backward exported for two platforms: about 10 s
 def test_multi_platform_export_holds_mosaic_and_runs_on_cpu():
     exported = _export(72, 32, jnp.float32, True, True, ["cpu", "tpu"])
     assert exported.mlir_module().count("tpu_custom_call") == 3

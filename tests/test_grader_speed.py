@@ -89,6 +89,7 @@ def test_a_cpu_grade_starts_its_worker_with_the_options(tmp_path):
         runner.close()
 
 
+@pytest.mark.slow  # a whole quick scorecard planned ahead: about 18 s
 def test_plan_ahead_builds_every_checks_problems_which_the_grade_then_uses():
     seed = 9001  # no other test grades it: its problems are built here
     assert not [k for k in C._CACHE if k[:2] == (seed, "quick")]

@@ -72,8 +72,13 @@ def _empty_rows(case: Case) -> np.ndarray:
     return ~visible.any(-1)
 
 
+# the default run: GQA at a width of 40, causal with padding, a width of 200; the slow run every case
+DEFAULT_CASES = ("gqa-4q-on-2kv-width-40", "causal-and-padding", "width-200")
+
+
 @pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("case", CASES.values(), ids=CASES.keys())
+@pytest.mark.parametrize("case", [case if name in DEFAULT_CASES else pytest.param(case, marks=pytest.mark.slow)
+                                  for name, case in CASES.items()], ids=CASES.keys())
 def test_attention_matches_float64_oracle(impl, case, attention_inputs, forward_and_grads,
                                           assert_accurate):
     q, k, v, do = _inputs(attention_inputs, case)

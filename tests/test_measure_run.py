@@ -30,10 +30,15 @@ def _stub_scorecards(kernels, *, seed, progress, known_bad=None):
             for k in kernels]
 
 
+# The measured candidate of the tiny run: a correct pure-JAX built-in that declares no feature, so its
+# quick card is the base contract's (the reference's adds every feature's checks, twice the cost).
+MEASURED = "online-softmax"
+
+
 def _quick_real_grade(kernels, *, seed, progress, known_bad=None):
     """The real rubric on cheap candidates: grading Pallas in interpret mode takes minutes on this
     CPU, too long for a unit test. The candidate choice itself is tested on its own below."""
-    return REAL_GRADE(["reference"], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick")
+    return REAL_GRADE([MEASURED], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick")
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +50,7 @@ def tiny_run(tmp_path_factory):
             mp.setenv(name, CANARY)
         mp.setenv("TPU_RECORDS_TEST_MARKER", "allowed-marker")
         mp.setattr(run_module, "grade", _quick_real_grade if HAS_RUBRIC else _stub_scorecards)
-        mp.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
+        mp.setattr(run_module, "measured_candidates", lambda profile, scopes: (MEASURED, [MEASURED]))
         path = run_module.run_measure(out, profile="tiny", scopes=["softmax", "attention"], samples=3,
                                       warmups=1, progress=False)
     return path
@@ -125,12 +130,12 @@ def test_no_secret_anywhere_in_the_run_folder(tiny_run):
 
 def test_correctness_comes_from_the_same_run(run):
     corr = run["correctness"]
-    assert corr["measured_candidate"] == "reference" and corr["power"] is None and corr["seed"] == 0
+    assert corr["measured_candidate"] == MEASURED and corr["power"] is None and corr["seed"] == 0
     cards = {c["candidate"]: c for c in corr["scorecards"]}
-    assert cards["reference"]["passed"], cards["reference"]
+    assert cards[MEASURED]["passed"], cards[MEASURED]
     if HAS_RUBRIC:
         assert cards["zeros"]["kind"] == "known-bad" and not cards["zeros"]["passed"]
-        assert len(cards["reference"]["checks"]) >= 5
+        assert len(cards[MEASURED]["checks"]) >= 5
 
 
 def test_the_measured_kernels_decide_the_candidates():
@@ -155,7 +160,7 @@ def test_grading_never_raises_when_the_rubric_cannot_run(monkeypatch):
 def test_summary_names_cases_ratios_checks_and_the_caveat(run):
     text = run_module.summary(run["benchmark"], run["correctness"])
     assert "softmax" in text and "attention" in text and "(interp)" in text
-    assert "rubric reference" in text and "say nothing about kernel speed" in text
+    assert f"rubric {MEASURED}" in text and "say nothing about kernel speed" in text
 
 
 # --- failures --------------------------------------------------------------------------------------

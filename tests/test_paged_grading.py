@@ -59,6 +59,7 @@ def test_roster():
     assert set(PAGED_BUILTIN["paged-reference"].load().features) == set(PAGED_FEATURES)
 
 
+@pytest.mark.slow  # every paged known-bad with its switch off, graded: about 11 s
 def test_every_switch_off_is_the_contract():
     """The known-bads' shared program with no bug on passes what they fail (so each failure is its bug's)."""
     found = grade(_bug(), 0, "quick", only={"paged-accuracy", "paged-garbage", "paged-long"})

@@ -100,6 +100,7 @@ def test_full_level_lists_every_seeds_shapes():
     assert any(s["kv_len"] > 2048 for s in shapes)
 
 
+@pytest.mark.slow  # two quick scorecards through the CLI: about 45 s
 def test_power_cli_writes_json_and_markdown(tmp_path, capsys):
     js, md = tmp_path / "power.json", tmp_path / "power.md"
     assert main(["--power", "--seeds", "1", "--candidate", "reference", "--candidate", "wrong-gqa",
