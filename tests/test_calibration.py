@@ -179,9 +179,12 @@ def test_the_cost_is_one_machines_the_one_that_graded_the_most():
     there = dict(_record("a", 1), machine="a faster one", cpu_s=0.5, shared_cpu_s=0.1)
     s = cal.summary([*here, there])
     assert s["cost_machine"] == "this machine" and s["cost_trials"] == 2 and s["cpu_s_per_trial"] == 3.0
+    assert s["other_machines"] == {"a faster one": {"trials": 1, "cpu_s_per_trial": 0.6}}
     table = cal.report([*here, there])
-    assert "measured on this machine" in table and "the 1 trials graded on other machines are not counted" in table
-    assert "not counted" not in cal.report(here)
+    assert "measured on this machine (2 trials;" in table and "the 1 trials graded on other machines are priced apart" in table
+    assert "On other machines: a faster one: 0.6 per trial of a pure-JAX candidate (1 trials)." in table
+    alone = cal.report(here)
+    assert "priced apart" not in alone and "other machines" not in alone and cal.summary(here)["other_machines"] == {}
 
 
 def test_a_groups_seeds_take_its_first_seeds_slots_and_their_own_values():
@@ -418,7 +421,7 @@ def test_the_documented_cost_is_the_committed_trials():
     doc = " ".join(cal.__doc__.split())
     assert f"**{s['cpu_s_per_trial']:.1f} CPU-s per candidate-seed**" in doc
     assert f"{s['shared_cpu_s_per_trial']:.1f} of them the trial's share" in doc
-    assert f"here {s['cost_machine']}," in doc
+    assert f"here {s['cost_machine']}," in doc and f"over the {s['cost_trials']} trials graded there" in doc
     developing = " ".join((repo / "docs" / "DEVELOPING.md").read_text().split())
     assert re.search(rf"Cost: about {s['cpu_s_per_trial']:.0f} CPU-seconds per candidate and seed", developing)
 

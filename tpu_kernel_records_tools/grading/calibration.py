@@ -37,7 +37,7 @@ which the report sums over one machine's trials; here AMD EPYC, 2 cores, jax 0.1
     tpu-kernel-records calibrate --shard 1/2 --kernels --trials shard-1.jsonl --resume --max-minutes 160 --quiet
     tpu-kernel-records calibrate --merge shard-1.jsonl
 
-gave, over the committed trials (473 trials: 31 calibration and 29 held-out seeds, 7 + 6 slot draws), **25.1
+gave, over the 473 trials graded there (the report prices other machines' trials apart), **25.1
 CPU-s per candidate-seed** of a pure-JAX candidate: 3.9 of them the trial's share of its seed's problems,
 truth and baselines, and the candidate's own 15.5-26.4 (reference 15.5, rounded-probs 18.5, online-softmax
 15.7, flash-style 25.2, per-head-dkv 25.1, online-softmax-features 26.4, flash-style-features 22.5). A slot
@@ -547,7 +547,8 @@ def summary(trials: Sequence[dict]) -> dict:
     """Per set and candidate: seeds, largest needed k forward / gradient, false rejects (with the trials
     that were rejected); the rule's k; the held-out seeds' largest needs; seeds and slot draws; and, over the
     trials of the machine that graded the most (``cost_machine``; CPU seconds of different machines are not
-    summed), CPU-s per trial (of the candidates that are not ``KERNELS``) and each candidate's own."""
+    summed), CPU-s per trial (of the candidates that are not ``KERNELS``) and each candidate's own; and
+    ``other_machines``: each other machine's trials and CPU-s per trial, priced apart."""
     out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient}}
     for record in trials:
         which = out["sets"].setdefault(_set(record["seed"]), {})
@@ -573,15 +574,25 @@ def summary(trials: Sequence[dict]) -> dict:
     out["cost_machine"] = max(dict.fromkeys(machines), key=machines.count) if machines else None
     timed = [r for r in trials if "cpu_s" in r and r.get("machine") == out["cost_machine"]]
     out["cost_trials"] = len(timed)
-    pure = [r for r in timed if r["candidate"] not in KERNELS]  # the interpret-mode kernels are priced apart
-    out["cpu_s_per_trial"] = (sum(r["cpu_s"] + r.get("shared_cpu_s", 0.0) for r in pure) / len(pure)
-                              if pure else None)
-    out["shared_cpu_s_per_trial"] = sum(r.get("shared_cpu_s", 0.0) for r in pure) / len(pure) if pure else None
+    out["cpu_s_per_trial"], out["shared_cpu_s_per_trial"] = _per_trial(timed)
+    out["other_machines"] = {m: {"trials": machines.count(m), "cpu_s_per_trial": _per_trial(
+        [r for r in trials if "cpu_s" in r and r.get("machine") == m])[0]}
+        for m in dict.fromkeys(machines) if m != out["cost_machine"]}
     by_name: dict[str, list[float]] = {}
     for r in timed:
         by_name.setdefault(r["candidate"], []).append(r["cpu_s"])
     out["own_cpu_s_per_trial"] = {name: sum(v) / len(v) for name, v in by_name.items()}
     return out
+
+
+def _per_trial(timed: Sequence[dict]) -> tuple[float | None, float | None]:
+    """CPU-s per trial of the pure-JAX candidates among ``timed`` (the interpret-mode kernels are priced apart),
+    the seed's shared part included, and that shared part alone; None where there is none."""
+    pure = [r for r in timed if r["candidate"] not in KERNELS]
+    if not pure:
+        return None, None
+    return (sum(r["cpu_s"] + r.get("shared_cpu_s", 0.0) for r in pure) / len(pure),
+            sum(r.get("shared_cpu_s", 0.0) for r in pure) / len(pure))
 
 
 def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "full",
@@ -625,13 +636,16 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
         own = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name not in KERNELS)
         kernels = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name in KERNELS)
         others = len([r for r in trials if "cpu_s" in r]) - s["cost_trials"]
-        lines += ["", f"Cost, measured on {s['cost_machine']} (CPU seconds of the grading process, summed from the "
-                      f"trials' `cpu_s` and `shared_cpu_s`"
-                      + (f"; the {others} trials graded on other machines are not counted" if others else "")
+        elsewhere = "; ".join(f"{m}: {o['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate ({o['trials']} trials)"
+                              for m, o in s["other_machines"].items() if o["cpu_s_per_trial"] is not None)
+        lines += ["", f"Cost, measured on {s['cost_machine']} ({s['cost_trials']} trials; CPU seconds of the grading "
+                      f"process, summed from the trials' `cpu_s` and `shared_cpu_s`"
+                      + (f"; the {others} trials graded on other machines are priced apart" if others else "")
                       + f"): {s['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate, of which "
                       f"{s['shared_cpu_s_per_trial']:.1f} is its share of the seed's problems, truth and baselines; "
                       f"the candidate's own, per candidate: {own}."
-                      + (f" The kernels' own, in interpret mode: {kernels}." if kernels else "")]
+                      + (f" The kernels' own, in interpret mode: {kernels}." if kernels else "")
+                      + (f" On other machines: {elsewhere}." if elsewhere else "")]
     rejected = [(name, which, r) for which, entries in s["sets"].items() for name, e in entries.items()
                 for r in e["rejected"]]
     if rejected:
