@@ -68,6 +68,17 @@ def test_worker_environment_is_an_allow_list(tmp_path):
     assert MARKER not in json.dumps(env)
 
 
+def test_the_test_sessions_compilation_cache_never_reaches_a_worker(tmp_path):
+    """tests/conftest.py shares one JAX compilation cache within a test session; a graded candidate could
+    otherwise write programs that the grader then loads."""
+    from tests.conftest import SESSION_CACHE
+
+    cache = os.environ["JAX_COMPILATION_CACHE_DIR"]
+    assert os.environ[SESSION_CACHE] == cache and os.path.isdir(cache)
+    env = sandbox.worker_environment(str(tmp_path))
+    assert cache not in json.dumps(env) and not [n for n in env if "CACHE" in n and n != "XDG_CACHE_HOME"]
+
+
 def test_scorecard_numbers_are_always_valid_json():
     """Whatever a check computed (NumPy scalars, NaN, Inf), the scorecard is valid JSON without NaN."""
     import numpy as np
