@@ -635,7 +635,7 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
     if s["cpu_s_per_trial"] is not None:
         own = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name not in KERNELS)
         kernels = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name in KERNELS)
-        others = len([r for r in trials if "cpu_s" in r]) - s["cost_trials"]
+        others = sum(o["trials"] for o in s["other_machines"].values())
         elsewhere = "; ".join(f"{m}: {o['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate ({o['trials']} trials)"
                               for m, o in s["other_machines"].items() if o["cpu_s_per_trial"] is not None)
         lines += ["", f"Cost, measured on {s['cost_machine']} ({s['cost_trials']} trials; CPU seconds of the grading "
