@@ -154,6 +154,8 @@ def _calibrate(args: argparse.Namespace) -> int:
                              f"out); `tpu-kernel-records calibrate --resume` goes on"]
     for note in notes:
         print(f"tpu-kernel-records calibrate: {note}", file=sys.stderr)
+    if args.trials.exists():  # the report is the file's, as --report-only reads it: in its order, with its notes
+        trials, notes = cal.read_trials(args.trials, level)
     table = cal.report(trials, level=level, notes=notes)
     print(table, end="")
     if args.markdown:

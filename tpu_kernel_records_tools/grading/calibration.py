@@ -65,7 +65,8 @@ the policy (with its allowed roundings), the slot group's size and the problems 
 (:func:`distribution_digest`), so a resume after any of them changed is refused, never mixed. ``shard``
 splits the slot groups between runs, one per core, each with its own file, and :func:`merge` joins them. The
 report is regenerated from whatever trials the file holds (``--report-only`` grades nothing), and says how
-many seeds and slot draws of each set it covers.
+many seeds and slot draws of each set it covers; a run and a merge write the same report as ``--report-only``
+(the file's trials in its order), and say what happened (a budget ran out, a source's cut-off line) on stderr.
 """
 
 from __future__ import annotations
