@@ -162,6 +162,9 @@ def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
     assert "3.0 per trial of a pure-JAX candidate, of which 1.0 is its share" in table
     assert "per candidate: a 2.0, b 2.0." in table
     assert "OVER the policy" in cal.report([_record("a", 1000, gradient=6.5)])
+    near = {**_record("a", 1000), "groups": {"gradient/float32": [0.97, 5.35, 3.84], "forward/float32": [0.1, 1, 0.5]}}
+    assert cal.summary([near, _record("a", 0)])["floor_needed"] == {"calibration": 0.0, "held-out": 3.84}
+    assert "calibration 0.00, held-out 3.84 (policy: FLOOR_EPS 4;" in cal.report([near, _record("a", 0)])
     assert "No held-out seed graded yet." in cal.report([_record("a", 0)]) and \
         "Held-out largest" not in cal.report([_record("a", 0)])
 

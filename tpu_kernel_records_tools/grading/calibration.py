@@ -539,6 +539,12 @@ def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | No
 # --------------------------------------------------------------------------------------------------
 # The table.
 
+def _needed_floor(record: dict) -> float:
+    """The largest floor multiple (float32 ulps x max(1, |logit|), ``tolerance.needed_floor``) any group of
+    ``record`` needed at the policy's ``k``."""
+    return max((floor for _, _, floor in record["groups"].values()), default=0.0)
+
+
 def _needed(record: dict, prefix: str) -> float:
     values = [k for group, (_, k, _) in record["groups"].items() if group.startswith(prefix)]
     return max(values, default=0.0)
@@ -550,7 +556,8 @@ def summary(trials: Sequence[dict]) -> dict:
     trials of the machine that graded the most (``cost_machine``; CPU seconds of different machines are not
     summed), CPU-s per trial (of the candidates that are not ``KERNELS``) and each candidate's own; and
     ``other_machines``: each other machine's trials and CPU-s per trial, priced apart."""
-    out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient}}
+    out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient,
+                                        "floor": POLICY.floor_eps}}
     for record in trials:
         which = out["sets"].setdefault(_set(record["seed"]), {})
         entry = which.setdefault(record["candidate"], {"seeds": [], "forward": 0.0, "gradient": 0.0, "rejects": 0,
@@ -558,6 +565,7 @@ def summary(trials: Sequence[dict]) -> dict:
         entry["seeds"].append(record["seed"])
         entry["forward"] = max(entry["forward"], _needed(record, "forward"))
         entry["gradient"] = max(entry["gradient"], _needed(record, "gradient"))
+        entry["floor"] = max(entry.get("floor", 0.0), _needed_floor(record))
         if not record["passed"]:
             entry["rejects"] += 1
             entry["rejected"].append({"seed": record["seed"], "failed": record.get("failed", []),
@@ -567,6 +575,8 @@ def summary(trials: Sequence[dict]) -> dict:
     held = out["sets"].get("held-out", {}).values()
     out["held_out_largest"] = {g: max((e[g] for e in held), default=0.0) for g in ("forward", "gradient")}
     out["held_out_rejects"] = sum(e["rejects"] for e in held)
+    out["floor_needed"] = {which: max((e["floor"] for e in out["sets"].get(which, {}).values()), default=0.0)
+                           for which in ("calibration", "held-out")}
     out["seeds"] = {which: len({s for e in out["sets"].get(which, {}).values() for s in e["seeds"]})
                     for which in ("calibration", "held-out")}
     out["slot_draws"] = {which: len({r.get("slots_from", r["seed"]) for r in trials if _set(r["seed"]) == which})
@@ -633,6 +643,10 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
                   + (f"Held-out largest: forward {held['forward']:.2f}, gradient {held['gradient']:.2f} "
                      f"({'within' if within else 'OVER'} the policy); held-out false rejects: {s['held_out_rejects']}."
                      if s["seeds"]["held-out"] else "No held-out seed graded yet.")]
+    floor = s["floor_needed"]
+    lines += ["", f"Floor: the largest multiple of float32 eps x max(1, |logit|) a trial needed at the policy's k "
+                  f"(0 where k alone sufficed): calibration {floor['calibration']:.2f}, held-out "
+                  f"{floor['held-out']:.2f} (policy: FLOOR_EPS {pol['floor']:g}; not set by the rule above)."]
     if s["cpu_s_per_trial"] is not None:
         own = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name not in KERNELS)
         kernels = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name in KERNELS)

@@ -105,7 +105,8 @@ and 1.80 (``flash-style``); with floor 1 they need k up to 8.8. At head_dim 128,
 (q 150, kv 300, L ~ 15; 30 draws) both needed no floor, nor did JAX's Pallas TPU flash
 (``tests/field_adapters.py:pallas_tpu_flash``) on 20 draws of the head_dim-256 problem.
 ``tests/test_floor_fairness.py`` keeps the draw that needed 1.80. FLOOR_EPS = 4 is about twice the largest
-measured (a maximum's tail grows with more draws). In the earlier grader-power record (floor 1) every
+measured (a maximum's tail grows with more draws); the calibration on today's full level reports the
+largest floor its trials needed (``calibration/REPORT.md``, "Floor:"), and it has come closer to 4 than that. In the earlier grader-power record (floor 1) every
 known-bad built-in that a tolerance rejects needed a floor of 1.3e4 or more somewhere; the re-sweep below
 shows each still rejected by its intended check on every seed.
 
