@@ -361,35 +361,32 @@ def test_merged_shards_hold_every_trial_once_and_resume_grades_nothing(tmp_path,
         main(["calibrate", "--shard", "2/2"])
 
 
-def test_a_run_and_a_merge_write_the_report_that_report_only_writes(tmp_path, graded, capsys):
+def test_a_run_and_a_merge_write_the_report_that_report_only_writes(tmp_path, graded, capsys, monkeypatch):
     """The report is a function of the trials file: a run (tasks in its own order, its budget out) and a
     merge (a source's cut-off last line) write what ``--report-only`` writes, and say the rest on stderr."""
     seeds, names = cal.SLOT_GROUP + 1, ["reference", "online-softmax"]
     out, two, md, only = (tmp_path / n for n in ("trials.jsonl", "two.jsonl", "run.md", "only.md"))
     machines = iter(["m1", "m2"] * 100)
-    real = cal.seed_trials
+    fake = cal.seed_trials
 
     def on_two_machines(seed, names, *, on_trial, **kw):
-        return real(seed, names, on_trial=lambda r: on_trial({**r, "machine": next(machines)}), **kw)
-    cal.seed_trials = on_two_machines
-    try:
-        cal.run(cal.calibration_tasks(seeds, names[::-1], shard=(1, 2)), out=out, progress=False)
-        cal.run(cal.calibration_tasks(seeds, names, shard=(0, 2)), out=two, progress=False)
-        with two.open("a") as f:
-            f.write('{"trial": {"candidate": "reference", "se')
-        args = ["calibrate", "--seeds", str(seeds), "--trials", str(out)]
-        assert main([*args, "--merge", str(two), "--markdown", str(md)]) == 0
-        assert "cut off" in capsys.readouterr().err
-        assert main([*args, "--report-only", "--markdown", str(only)]) == 0
-        assert md.read_text() == only.read_text() and "cut off" not in md.read_text()
-        for name in names:
-            args += ["--candidate", name]
-        assert main([*args, "--seeds", str(seeds + 1), "--resume", "--max-minutes", "1e-9", "--quiet",
-                     "--markdown", str(md)]) == 1
-        assert "not graded yet" in capsys.readouterr().err
-        assert main([*args, "--report-only", "--markdown", str(only)]) == 0
-    finally:
-        cal.seed_trials = real
+        return fake(seed, names, on_trial=lambda r: on_trial({**r, "machine": next(machines)}), **kw)
+    monkeypatch.setattr(cal, "seed_trials", on_two_machines)
+    cal.run(cal.calibration_tasks(seeds, names[::-1], shard=(1, 2)), out=out, progress=False)
+    cal.run(cal.calibration_tasks(seeds, names, shard=(0, 2)), out=two, progress=False)
+    with two.open("a") as f:
+        f.write('{"trial": {"candidate": "reference", "se')
+    args = ["calibrate", "--seeds", str(seeds), "--trials", str(out)]
+    assert main([*args, "--merge", str(two), "--markdown", str(md)]) == 0
+    assert "cut off" in capsys.readouterr().err
+    assert main([*args, "--report-only", "--markdown", str(only)]) == 0
+    assert md.read_text() == only.read_text() and "cut off" not in md.read_text()
+    for name in names:
+        args += ["--candidate", name]
+    assert main([*args, "--seeds", str(seeds + 1), "--resume", "--max-minutes", "1e-9", "--quiet",
+                 "--markdown", str(md)]) == 1
+    assert "not graded yet" in capsys.readouterr().err
+    assert main([*args, "--report-only", "--markdown", str(only)]) == 0
     assert md.read_text() == only.read_text() and "| online-softmax |" in md.read_text()
 
 

@@ -118,14 +118,13 @@ def _calibrate(args: argparse.Namespace) -> int:
               "this process (a seed's candidates share its truth, and each built-in its compiled programs); run "
               "it in pieces with --resume and --max-minutes", file=sys.stderr)
         return EXIT_USAGE
-    notes: list[str] = []
+    said: list[str] = []  # what this command met (a source's cut-off line, a budget run out): stderr only
     if args.report_only or args.merge:
         try:
             if args.merge:
-                added, notes = cal.merge(args.trials, args.merge)
+                added, said = cal.merge(args.trials, args.merge)
                 print(f"tpu-kernel-records calibrate: {added} trials added to {args.trials}", file=sys.stderr)
-            trials, more = cal.read_trials(args.trials, level)
-            notes = [*notes, *more]
+            trials, notes = cal.read_trials(args.trials, level)
         except (OSError, ValueError) as e:
             print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
             return EXIT_USAGE
@@ -148,14 +147,14 @@ def _calibrate(args: argparse.Namespace) -> int:
         except (FileExistsError, ValueError) as e:
             print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
             return EXIT_USAGE
-        trials, notes, remaining = done.trials, done.notes, done.remaining
+        said, remaining = done.notes, done.remaining
         if remaining:
-            notes = [*notes, f"{remaining} of {len(tasks)} trials not graded yet (the --max-minutes budget ran "
+            said = [*said, f"{remaining} of {len(tasks)} trials not graded yet (the --max-minutes budget ran "
                              f"out); `tpu-kernel-records calibrate --resume` goes on"]
-    for note in notes:
-        print(f"tpu-kernel-records calibrate: {note}", file=sys.stderr)
-    if args.trials.exists():  # the report is the file's, as --report-only reads it: in its order, with its notes
+        # The report is the file's, as --report-only reads it: its trials in its order, with its own notes.
         trials, notes = cal.read_trials(args.trials, level)
+    for note in [*said, *notes]:
+        print(f"tpu-kernel-records calibrate: {note}", file=sys.stderr)
     table = cal.report(trials, level=level, notes=notes)
     print(table, end="")
     if args.markdown:

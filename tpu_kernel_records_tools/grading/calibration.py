@@ -555,7 +555,8 @@ def summary(trials: Sequence[dict]) -> dict:
     that were rejected); the rule's k; the held-out seeds' largest needs; seeds and slot draws; and, over the
     trials of the machine that graded the most (``cost_machine``; CPU seconds of different machines are not
     summed), CPU-s per trial (of the candidates that are not ``KERNELS``) and each candidate's own; and
-    ``other_machines``: each other machine's trials and CPU-s per trial, priced apart."""
+    ``other_machines``: each other machine's trials and CPU-s per trial, priced apart; ``floor_needed``, per set,
+    the largest floor multiple a trial needed at the policy's k (``tolerance.needed_floor``)."""
     out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient,
                                         "floor": POLICY.floor_eps}}
     for record in trials:
@@ -644,8 +645,8 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
                      f"({'within' if within else 'OVER'} the policy); held-out false rejects: {s['held_out_rejects']}."
                      if s["seeds"]["held-out"] else "No held-out seed graded yet.")]
     floor = s["floor_needed"]
-    lines += ["", f"Floor: the largest multiple of float32 eps x max(1, |logit|) a trial needed at the policy's k "
-                  f"(0 where k alone sufficed): calibration {floor['calibration']:.2f}, held-out "
+    lines += ["", f"Floor: the largest multiple of float32 eps x max(1, |logit|) a trial needed at the policy's "
+                  f"k (0 where k alone sufficed): calibration {floor['calibration']:.2f}, held-out "
                   f"{floor['held-out']:.2f} (policy: FLOOR_EPS {pol['floor']:g}; not set by the rule above)."]
     if s["cpu_s_per_trial"] is not None:
         own = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name not in KERNELS)

@@ -106,9 +106,10 @@ and 1.80 (``flash-style``); with floor 1 they need k up to 8.8. At head_dim 128,
 (``tests/field_adapters.py:pallas_tpu_flash``) on 20 draws of the head_dim-256 problem.
 ``tests/test_floor_fairness.py`` keeps the draw that needed 1.80. FLOOR_EPS = 4 is about twice the largest
 measured (a maximum's tail grows with more draws); the calibration on today's full level reports the
-largest floor its trials needed (``calibration/REPORT.md``, "Floor:"), and it has come closer to 4 than that. In the earlier grader-power record (floor 1) every
-known-bad built-in that a tolerance rejects needed a floor of 1.3e4 or more somewhere; the re-sweep below
-shows each still rejected by its intended check on every seed.
+largest floor its trials needed (``calibration/REPORT.md``, "Floor:"), which has come closer to 4 than
+that. In the earlier grader-power record (floor 1) every known-bad built-in that a tolerance rejects
+needed a floor of 1.3e4 or more somewhere; the re-sweep below shows each still rejected by its intended
+check on every seed.
 
 Re-swept with FLOOR_EPS = 4 (``tpu-kernel-rubric --power --seeds 2 --kernel-seeds 2``, every built-in,
 the kernels included, full level, seeds 0-1; the record ``grader-power-20261203t180958z`` in ``data/``):
