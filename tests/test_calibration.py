@@ -454,8 +454,15 @@ def test_the_documented_cost_is_the_committed_trials():
     assert f"**{s['cpu_s_per_trial']:.1f} CPU-s per candidate-seed**" in doc
     assert f"{s['shared_cpu_s_per_trial']:.1f} of them the trial's share" in doc
     assert f"here {s['cost_machine']}," in doc and f"over the {s['cost_trials']} trials graded there" in doc
+    assert (f"its trials cost {s['first_seed_cpu_s_per_trial']:.1f} CPU-s each, the other seeds' "
+            f"{s['other_seeds_cpu_s_per_trial']:.1f}") in doc
+    own = {name: cpu for name, cpu in s["own_cpu_s_per_trial"].items() if name not in cal.KERNELS}
+    assert f"the candidate's own {min(own.values()):.1f}-{max(own.values()):.1f}" in doc
+    assert "(" + ", ".join(f"{name} {cpu:.1f}" for name, cpu in own.items()) + ")" in doc
     developing = " ".join((repo / "docs" / "DEVELOPING.md").read_text().split())
     assert re.search(rf"Cost: about {s['cpu_s_per_trial']:.0f} CPU-seconds per candidate and seed", developing)
+    assert (f"the first seed of a group compiles: {s['first_seed_cpu_s_per_trial']:.0f}; "
+            f"the others {s['other_seeds_cpu_s_per_trial']:.0f}") in developing
 
 
 def test_cpu_seconds_are_user_plus_system_time_of_this_process_or_its_children(monkeypatch):

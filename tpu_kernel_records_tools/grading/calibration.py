@@ -554,7 +554,9 @@ def summary(trials: Sequence[dict]) -> dict:
     """Per set and candidate: seeds, largest needed k forward / gradient, false rejects (with the trials
     that were rejected); the rule's k; the held-out seeds' largest needs; seeds and slot draws; and, over the
     trials of the machine that graded the most (``cost_machine``; CPU seconds of different machines are not
-    summed), CPU-s per trial (of the candidates that are not ``KERNELS``) and each candidate's own; and
+    summed), CPU-s per trial (of the candidates that are not ``KERNELS``), the same on a slot group's first
+    seed (which compiles) and on the other seeds (``first_seed_`` and ``other_seeds_cpu_s_per_trial``; None
+    where there is none), and each candidate's own; and
     ``other_machines``: each other machine's trials and CPU-s per trial, priced apart; ``floor_needed``, per set,
     the largest floor multiple a trial needed at the policy's k (``tolerance.needed_floor``)."""
     out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient,
@@ -587,6 +589,9 @@ def summary(trials: Sequence[dict]) -> dict:
     timed = [r for r in trials if "cpu_s" in r and r.get("machine") == out["cost_machine"]]
     out["cost_trials"] = len(timed)
     out["cpu_s_per_trial"], out["shared_cpu_s_per_trial"] = _per_trial(timed)
+    compiles = [r.get("slots_from", r["seed"]) == r["seed"] for r in timed]
+    out["first_seed_cpu_s_per_trial"] = _per_trial([r for r, first in zip(timed, compiles) if first])[0]
+    out["other_seeds_cpu_s_per_trial"] = _per_trial([r for r, first in zip(timed, compiles) if not first])[0]
     out["other_machines"] = {m: {"trials": machines.count(m), "cpu_s_per_trial": _per_trial(
         [r for r in trials if "cpu_s" in r and r.get("machine") == m])[0]}
         for m in dict.fromkeys(machines) if m != out["cost_machine"]}
@@ -658,7 +663,11 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
                       f"process, summed from the trials' `cpu_s` and `shared_cpu_s`"
                       + (f"; the {others} trials graded on other machines are priced apart" if others else "")
                       + f"): {s['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate, of which "
-                      f"{s['shared_cpu_s_per_trial']:.1f} is its share of the seed's problems, truth and baselines; "
+                      f"{s['shared_cpu_s_per_trial']:.1f} is its share of the seed's problems, truth and baselines"
+                      + (f" (a slot group's first seed, which compiles: {s['first_seed_cpu_s_per_trial']:.1f}; the "
+                         f"other seeds: {s['other_seeds_cpu_s_per_trial']:.1f})"
+                         if None not in (s["first_seed_cpu_s_per_trial"], s["other_seeds_cpu_s_per_trial"]) else "")
+                      + "; "
                       f"the candidate's own, per candidate: {own}."
                       + (f" The kernels' own, in interpret mode: {kernels}." if kernels else "")
                       + (f" On other machines: {elsewhere}." if elsewhere else "")]
