@@ -159,7 +159,13 @@ def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
     assert "within the policy" in table and "held-out false rejects: 1" in table
     assert "False rejects (1): a seed 1001 (held-out): forward-accuracy" in table
     assert "Note: 5 of 8 trials not graded yet" in table and "3.0 CPU-s per trial" in table
-    assert "3.0 per trial of a pure-JAX candidate, of which 1.0 is its share" in table
+    assert ("3.0 per trial of a pure-JAX candidate (3.0 on a slot group's first seed, which compiles; 3.0 on the "
+            "other seeds), of which 1.0 is its share") in table
+    compiled, reused = {**_record("a", 0), "cpu_s": 5.0, "slots_from": 0}, {**_record("a", 1), "slots_from": 0}
+    split = cal.summary([compiled, reused])
+    assert (split["first_seed_cpu_s_per_trial"], split["other_seeds_cpu_s_per_trial"]) == (6.0, 3.0)
+    assert "(6.0 on a slot group's first seed, which compiles; 3.0 on the other seeds)" in cal.report([compiled, reused])
+    assert "on a slot group's first seed" not in cal.report([compiled])  # no other seed yet: no split stated
     assert "per candidate: a 2.0, b 2.0." in table
     assert "OVER the policy" in cal.report([_record("a", 1000, gradient=6.5)])
     near = {**_record("a", 1000), "groups": {"gradient/float32": [0.97, 5.35, 3.84], "forward/float32": [0.1, 1, 0.5]}}

@@ -662,13 +662,12 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
         lines += ["", f"Cost, measured on {s['cost_machine']} ({s['cost_trials']} trials; CPU seconds of the grading "
                       f"process, summed from the trials' `cpu_s` and `shared_cpu_s`"
                       + (f"; the {others} trials graded on other machines are priced apart" if others else "")
-                      + f"): {s['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate, of which "
-                      f"{s['shared_cpu_s_per_trial']:.1f} is its share of the seed's problems, truth and baselines"
-                      + (f" (a slot group's first seed, which compiles: {s['first_seed_cpu_s_per_trial']:.1f}; the "
-                         f"other seeds: {s['other_seeds_cpu_s_per_trial']:.1f})"
+                      + f"): {s['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate"
+                      + (f" ({s['first_seed_cpu_s_per_trial']:.1f} on a slot group's first seed, which compiles; "
+                         f"{s['other_seeds_cpu_s_per_trial']:.1f} on the other seeds)"
                          if None not in (s["first_seed_cpu_s_per_trial"], s["other_seeds_cpu_s_per_trial"]) else "")
-                      + "; "
-                      f"the candidate's own, per candidate: {own}."
+                      + f", of which {s['shared_cpu_s_per_trial']:.1f} is its share of the seed's problems, truth and "
+                      f"baselines; the candidate's own, per candidate: {own}."
                       + (f" The kernels' own, in interpret mode: {kernels}." if kernels else "")
                       + (f" On other machines: {elsewhere}." if elsewhere else "")]
     rejected = [(name, which, r) for which, entries in s["sets"].items() for name, e in entries.items()
