@@ -181,6 +181,14 @@ def test_the_reports_cost_per_trial_leaves_the_interpret_mode_kernels_apart():
     assert "3.0 CPU-s per trial (candidate and seed) of the pure-JAX candidates" in table
     assert "per candidate: a 2.0, b 2.0. The kernels' own, in interpret mode: flash 500.0." in table
     assert "kernels' own" not in cal.report([_record("a", 0)])
+    here = [dict(_record(n, s), machine="this machine") for n in ("a", "b") for s in (0, 1)]
+    there = [dict(kernel, seed=seed, machine="the kernels' machine") for seed in (0, 1)]
+    there.append(dict(kernel, seed=2, cpu_s=300.0, machine="this machine"))
+    s = cal.summary([*here, *there])
+    assert s["cost_machine"] == "this machine" and s["kernel_cost_machine"] == "the kernels' machine"
+    assert s["own_cpu_s_per_trial"] == {"a": 2.0, "b": 2.0} and s["kernel_own_cpu_s_per_trial"] == {"flash": 500.0}
+    assert ("The kernels' own, in interpret mode: flash 500.0 (graded on the kernels' machine)."
+            in cal.report([*here, *there]))
 
 
 def test_the_cost_is_one_machines_the_one_that_graded_the_most():

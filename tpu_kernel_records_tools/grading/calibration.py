@@ -556,7 +556,8 @@ def summary(trials: Sequence[dict]) -> dict:
     trials of the machine that graded the most (``cost_machine``; CPU seconds of different machines are not
     summed), CPU-s per trial (of the candidates that are not ``KERNELS``), the same on a slot group's first
     seed (which compiles) and on the other seeds (``first_seed_`` and ``other_seeds_cpu_s_per_trial``; None
-    where there is none), and each candidate's own; and
+    where there is none), and each candidate's own; the interpret-mode kernels' own, over the trials of the
+    machine that graded the most of them (``kernel_cost_machine``, ``kernel_own_cpu_s_per_trial``); and
     ``other_machines``: each other machine's trials and CPU-s per trial, priced apart; ``floor_needed``, per set,
     the largest floor multiple a trial needed at the policy's k (``tolerance.needed_floor``)."""
     out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient,
@@ -595,11 +596,21 @@ def summary(trials: Sequence[dict]) -> dict:
     out["other_machines"] = {m: {"trials": machines.count(m), "cpu_s_per_trial": _per_trial(
         [r for r in trials if "cpu_s" in r and r.get("machine") == m])[0]}
         for m in dict.fromkeys(machines) if m != out["cost_machine"]}
+    out["own_cpu_s_per_trial"] = _own([r for r in timed if r["candidate"] not in KERNELS])
+    kernel_machines = [r.get("machine") for r in trials if "cpu_s" in r and r["candidate"] in KERNELS]
+    out["kernel_cost_machine"] = (max(dict.fromkeys(kernel_machines), key=kernel_machines.count)
+                                  if kernel_machines else None)
+    out["kernel_own_cpu_s_per_trial"] = _own([r for r in trials if "cpu_s" in r and r["candidate"] in KERNELS
+                                              and r.get("machine") == out["kernel_cost_machine"]])
+    return out
+
+
+def _own(timed: Sequence[dict]) -> dict[str, float]:
+    """Each candidate's own CPU-s per trial over ``timed`` (its seed's shared part left out)."""
     by_name: dict[str, list[float]] = {}
     for r in timed:
         by_name.setdefault(r["candidate"], []).append(r["cpu_s"])
-    out["own_cpu_s_per_trial"] = {name: sum(v) / len(v) for name, v in by_name.items()}
-    return out
+    return {name: sum(v) / len(v) for name, v in by_name.items()}
 
 
 def _per_trial(timed: Sequence[dict]) -> tuple[float | None, float | None]:
@@ -654,8 +665,10 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
                   f"k (0 where k alone sufficed): calibration {floor['calibration']:.2f}, held-out "
                   f"{floor['held-out']:.2f} (policy: FLOOR_EPS {pol['floor']:g}; not set by the rule above)."]
     if s["cpu_s_per_trial"] is not None:
-        own = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name not in KERNELS)
-        kernels = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items() if name in KERNELS)
+        own = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["own_cpu_s_per_trial"].items())
+        kernels = ", ".join(f"{name} {cpu:.1f}" for name, cpu in s["kernel_own_cpu_s_per_trial"].items())
+        if kernels and s["kernel_cost_machine"] != s["cost_machine"]:
+            kernels += f" (graded on {s['kernel_cost_machine']})"
         others = sum(o["trials"] for o in s["other_machines"].values())
         elsewhere = "; ".join(f"{m}: {o['cpu_s_per_trial']:.1f} per trial of a pure-JAX candidate ({o['trials']} trials)"
                               for m, o in s["other_machines"].items() if o["cpu_s_per_trial"] is not None)
