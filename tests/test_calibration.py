@@ -473,10 +473,55 @@ def test_the_documented_cost_is_the_committed_trials():
     own = {name: cpu for name, cpu in s["own_cpu_s_per_trial"].items() if name not in cal.KERNELS}
     assert f"the candidate's own {min(own.values()):.1f}-{max(own.values()):.1f}" in doc
     assert "(" + ", ".join(f"{name} {cpu:.1f}" for name, cpu in own.items()) + ")" in doc
+    hours = round(s["cpu_s_per_trial"] * 400 * len(own) / 3600)
+    assert (f"At {s['cpu_s_per_trial']:.0f} CPU-s, 200 + 200 seeds of the {len(own)} correct pure-JAX built-ins "
+            f"are about {hours} CPU-hours") in doc
+    where = "" if s["kernel_cost_machine"] == s["cost_machine"] else f", on {s['kernel_cost_machine']}"
+    kernels = ", ".join(f"{name} {cpu:.0f}" for name, cpu in s["kernel_own_cpu_s_per_trial"].items())
+    assert f"(their own CPU-s per seed at the full level{where}: {kernels})" in doc
     developing = " ".join((repo / "docs" / "DEVELOPING.md").read_text().split())
     assert re.search(rf"Cost: about {s['cpu_s_per_trial']:.0f} CPU-seconds per candidate and seed", developing)
+    assert f"200 + 200 seeds of the {len(own)} pure-JAX correct built-ins are about {hours} CPU-hours" in developing
     assert (f"the first seed of a group compiles: {s['first_seed_cpu_s_per_trial']:.0f}; "
             f"the others {s['other_seeds_cpu_s_per_trial']:.0f}") in developing
+
+
+def test_the_tolerance_docstring_and_the_card_state_the_committed_calibration():
+    """``grading/tolerance.py``'s calibration table and the card's sentence are the committed trials', and what
+    they promise holds: the rule gives the policy's k, the held-out seeds stay within it, no correct trial of
+    either set was rejected."""
+    from tpu_kernel_records_tools.grading import tolerance
+
+    repo = Path(__file__).resolve().parent.parent
+    trials = cal.read_trials(repo / cal.TRIALS_PATH)[0]
+    s = cal.summary(trials)
+    assert (s["rule"]["forward"], s["rule"]["gradient"]) == (tolerance.K_FORWARD, tolerance.K_GRADIENT)
+    held, pol = s["held_out_largest"], s["policy"]
+    assert held["forward"] <= pol["forward"] and held["gradient"] <= pol["gradient"]
+    rejects = sum(e["rejects"] for entries in s["sets"].values() for e in entries.values())
+    assert rejects == 0
+    doc = " ".join(tolerance.__doc__.split())
+    calib, held_out = s["sets"]["calibration"], s["sets"]["held-out"]
+    for name, c in calib.items():
+        h = held_out[name]
+        assert (f"{name} {len(c['seeds'])} {c['forward']:.2f} / {c['gradient']:.2f} {len(h['seeds'])} "
+                f"{h['forward']:.2f} / {h['gradient']:.2f}") in doc, name
+    largest = {g: max(e[g] for e in calib.values()) for g in ("forward", "gradient")}
+    for which, first in (("calibration", 0), ("held-out", cal.HELD_OUT_FIRST_SEED)):
+        n = s["seeds"][which]
+        assert f"{n} {which} seeds ({first}-{first + n - 1})" in doc
+    assert (f"forward {s['rule']['forward']} ({cal.RULE_MARGIN} x {largest['forward']:.2f}), gradient "
+            f"{s['rule']['gradient']} ({cal.RULE_MARGIN} x {largest['gradient']:.2f})") in doc
+    assert f"at most {held['forward']:.2f} forward and {held['gradient']:.2f} gradient" in doc
+    assert f"{rejects} of {len(trials)} correct trials rejected" in doc
+    floor = s["floor_needed"]
+    assert f"{floor['calibration']:.2f} (calibration) and {floor['held-out']:.2f} (held-out)" in doc
+    card = " ".join((repo / "dataset_card.md").read_text().split())
+    assert (f"on {s['seeds']['calibration']} calibration and {s['seeds']['held-out']} held-out seeds of the "
+            f"grader's full level") in card
+    assert (f"needed at most {max(largest['forward'], held['forward']):.2f} forward and "
+            f"{max(largest['gradient'], held['gradient']):.2f} for gradients; {rejects} of {len(trials)} correct "
+            f"trials were rejected") in card
 
 
 def test_cpu_seconds_are_user_plus_system_time_of_this_process_or_its_children(monkeypatch):

@@ -33,23 +33,23 @@ which the report sums over one machine's trials; here AMD EPYC, 2 cores, jax 0.1
 ``nice``, one per core)::
 
     tpu-kernel-records calibrate --trials shard-1.jsonl --merge calibration/trials.jsonl --markdown shard-1.md
-    tpu-kernel-records calibrate --shard 0/2 --kernels --resume --max-minutes 160 --quiet
-    tpu-kernel-records calibrate --shard 1/2 --kernels --trials shard-1.jsonl --resume --max-minutes 160 --quiet
+    tpu-kernel-records calibrate --shard 0/2 --kernels --resume --max-minutes 150 --quiet
+    tpu-kernel-records calibrate --shard 1/2 --kernels --trials shard-1.jsonl --resume --max-minutes 150 --quiet
     tpu-kernel-records calibrate --merge shard-1.jsonl
 
-gave, over the 1078 trials graded there (the report prices other machines' trials apart), **25.6
-CPU-s per candidate-seed** of a pure-JAX candidate: 4.3 of them the trial's share of its seed's problems,
-truth and baselines, and the candidate's own 15.4-26.0 (reference 15.4, rounded-probs 18.8, online-softmax
-15.5, flash-style 25.8, per-head-dkv 25.6, online-softmax-features 26.0, flash-style-features 22.6). A slot
-group's first seed compiles: its trials cost 49.0 CPU-s each, the other seeds' 19.8. The goal of <= 3 CPU-s
-per candidate-seed is not reached: a compiled trial still runs the full level's problems (a 2,300 x 2,800
-prefill, 131k-key caches, 64 heads) on a CPU, and its seed's float64 truth; reaching 3 CPU-s needs smaller
-problems, which changes what the rubric grades. Compile options that give the same bits do not help
+gave, over the 1078 trials graded there (the report prices other machines' trials apart), **25.6 CPU-s per
+candidate-seed** of a pure-JAX candidate: 4.3 of them the trial's share of its seed's problems, truth and
+baselines, and the candidate's own 15.4-26.0 (reference 15.4, rounded-probs 18.8, online-softmax 15.5,
+flash-style 25.8, per-head-dkv 25.6, online-softmax-features 26.0, flash-style-features 22.6). A slot group's
+first seed compiles: its trials cost 49.0 CPU-s each, the other seeds' 19.8. The goal of <= 3 CPU-s per
+candidate-seed is not reached: a compiled trial still runs the full level's problems (a 2,300 x 2,800 prefill,
+131k-key caches, 64 heads) on a CPU, and its seed's float64 truth; reaching 3 CPU-s needs smaller problems,
+which changes what the rubric grades. Compile options that give the same bits do not help
 (``xla_llvm_disable_expensive_passes``), and ``xla_backend_optimization_level=0`` changes flash-style's
 results, so neither is used. At 26 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX built-ins are about 20
-CPU-hours: two ``--max-minutes 135`` pieces at once, at a core each, covered 86 of the 400 seeds there, and
-``--resume`` continues. The interpret-mode kernels cost more (their own CPU-s per seed at the full level:
-pallas 15, flash-triton 38, flash 103), hence ``--kernel-seeds``.
+CPU-hours, about 10 hours of two pieces at once, a core each, which ``--resume`` lets run in pieces of a few
+hours. The interpret-mode kernels cost more (their own CPU-s per seed at the full level: pallas 15, flash 103,
+flash-triton 38), hence ``--kernel-seeds``.
 
 **Memory.** A seed's truths are computed one problem at a time (the float64 truth of a full-level prefill
 holds gigabytes), a finished seed's problems are let go, and the compiled programs are let go when a new
