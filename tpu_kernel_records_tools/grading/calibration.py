@@ -37,19 +37,20 @@ which the report sums over one machine's trials; here Intel(R) Xeon(R) Processor
     tpu-kernel-records calibrate --shard 1/2 --kernels --trials shard-1.jsonl --resume --max-minutes 150 --quiet
     tpu-kernel-records calibrate --merge shard-1.jsonl
 
-gave, over the 1441 trials graded there (the report prices other machines' trials apart), **33.6 CPU-s per
+gave, over the 1470 trials graded there (the report prices other machines' trials apart), **33.7 CPU-s per
 candidate-seed** of a pure-JAX candidate: 5.6 of them the trial's share of its seed's problems, truth and
-baselines, and the candidate's own 19.3-34.2 (reference 20.5, rounded-probs 25.2, online-softmax 19.3,
-flash-style 33.8, per-head-dkv 33.8, online-softmax-features 34.2, flash-style-features 29.4). A slot group's
-first seed compiles: its trials cost 62.9 CPU-s each, the other seeds' 26.1. The goal of <= 3 CPU-s per
+baselines, and the candidate's own 19.3-34.4 (reference 20.5, rounded-probs 25.2, online-softmax 19.3,
+flash-style 33.8, per-head-dkv 33.9, online-softmax-features 34.4, flash-style-features 29.5). A slot group's
+first seed compiles: its trials cost 62.8 CPU-s each, the other seeds' 26.4. The goal of <= 3 CPU-s per
 candidate-seed is not reached: a compiled trial still runs the full level's problems (a 2,300 x 2,800 prefill,
 131k-key caches, 64 heads) on a CPU, and its seed's float64 truth; reaching 3 CPU-s needs smaller problems,
 which changes what the rubric grades. Compile options that give the same bits do not help
 (``xla_llvm_disable_expensive_passes``), and ``xla_backend_optimization_level=0`` changes flash-style's
 results, so neither is used. At 34 CPU-s, 200 + 200 seeds of the 7 correct pure-JAX built-ins are about 26
 CPU-hours, about 13 hours of two pieces at once, a core each, which ``--resume`` lets run in pieces of a few
-hours. The interpret-mode kernels cost more (their own CPU-s per seed at the full level, on AMD EPYC, 2 cores,
-jax 0.10.2: pallas 15, flash 103, flash-triton 38), hence ``--kernel-seeds``.
+hours. The interpret-mode kernels are priced apart (their own CPU-s per seed at the full level, on AMD EPYC, 2
+cores, jax 0.10.2: pallas 15, flash 103, flash-triton 38); ``--kernel-seeds`` keeps them to their first seeds
+of each set.
 
 **Memory.** A seed's truths are computed one problem at a time (the float64 truth of a full-level prefill
 holds gigabytes), a finished seed's problems are let go, and the compiled programs are let go when a new
