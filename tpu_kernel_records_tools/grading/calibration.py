@@ -587,7 +587,7 @@ def summary(trials: Sequence[dict]) -> dict:
     out["slot_draws"] = {which: len({r.get("slots_from", r["seed"]) for r in trials if _set(r["seed"]) == which})
                          for which in ("calibration", "held-out")}
     machines = [r.get("machine") for r in trials if "cpu_s" in r]
-    out["cost_machine"] = max(dict.fromkeys(machines), key=machines.count) if machines else None
+    out["cost_machine"] = _most_common(machines)
     timed = [r for r in trials if "cpu_s" in r and r.get("machine") == out["cost_machine"]]
     out["cost_trials"] = len(timed)
     out["cpu_s_per_trial"], out["shared_cpu_s_per_trial"] = _per_trial(timed)
@@ -599,11 +599,15 @@ def summary(trials: Sequence[dict]) -> dict:
         for m in dict.fromkeys(machines) if m != out["cost_machine"]}
     out["own_cpu_s_per_trial"] = _own([r for r in timed if r["candidate"] not in KERNELS])
     kernel_machines = [r.get("machine") for r in trials if "cpu_s" in r and r["candidate"] in KERNELS]
-    out["kernel_cost_machine"] = (max(dict.fromkeys(kernel_machines), key=kernel_machines.count)
-                                  if kernel_machines else None)
+    out["kernel_cost_machine"] = _most_common(kernel_machines)
     out["kernel_own_cpu_s_per_trial"] = _own([r for r in trials if "cpu_s" in r and r["candidate"] in KERNELS
                                               and r.get("machine") == out["kernel_cost_machine"]])
     return out
+
+
+def _most_common(machines: Sequence[str | None]) -> str | None:
+    """The machine named most often (the first of a tie); None for none."""
+    return max(dict.fromkeys(machines), key=machines.count) if machines else None
 
 
 def _own(timed: Sequence[dict]) -> dict[str, float]:
