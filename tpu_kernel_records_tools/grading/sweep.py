@@ -13,6 +13,7 @@ and grades only what is missing, so a killed sweep goes on where it stopped. A t
 worker lost, an exception in the grader) is tried once more, then reported in ``Sweep.failed``, never
 dropped. The trial records do not depend on where they were graded, so the summary and the Markdown
 report are the same serially, on a local or on a remote cluster (``seconds_per_trial`` aside).
+:func:`map_on_dask` is that machinery for any task (``grading.calibration`` sends it a slot group per task).
 
 Work that does not depend on the candidate (each seed's problems, float64 truth and baselines) is kept
 by ``grading.checks`` in the process that grades, per seed: each seed's tasks are sent to one Dask worker
@@ -129,59 +130,79 @@ def _serial(todo, done, how, log, progress, task) -> None:
         keep(task(name, seed, *how))
 
 
-def _client(workers: int | None, scheduler: str | None):
+def client(workers: int | None, scheduler: str | None, memory_limit: str | int = "auto"):
+    """A Dask client of ``scheduler``'s cluster, or of a new ``LocalCluster`` of ``workers`` single-threaded
+    worker processes (default one per core; ``memory_limit`` per worker, Dask's, 0 for none), and the
+    cluster to close (None for a scheduler's)."""
     import dask
     from dask.distributed import Client, LocalCluster
 
     if scheduler is not None:
         return Client(scheduler), None
-    # A task whose worker dies fails at once (Dask would otherwise re-run it up to 3 times); _on_dask
+    # A task whose worker dies fails at once (Dask would otherwise re-run it up to 3 times); map_on_dask
     # then tries it once more itself, the same rule as for a task that raised.
     dask.config.set({"distributed.scheduler.allowed-failures": 0})
     cluster = LocalCluster(n_workers=workers or os.cpu_count() or 1, threads_per_worker=1, processes=True,
-                           dashboard_address=None)
+                           dashboard_address=None, memory_limit=memory_limit)
     return Client(cluster), cluster
 
 
-def _on_dask(todo, done, how, log, progress, workers, scheduler, task) -> list[dict]:
+def map_on_dask(func: Callable, units: Sequence[tuple], *, on_result: Callable[[tuple, object], None],
+                on_failure: Callable[[tuple, str], None], workers: int | None = None, scheduler: str | None = None,
+                home: Callable[[tuple], object] | None = None, memory_limit: str | int = "auto") -> None:
+    """Run ``func(*unit)`` for every unit of ``units`` on Dask (:func:`client`) and pass each result to
+    ``on_result(unit, result)`` as it arrives; a unit that fails (its worker lost, an exception) is tried
+    ``RETRIES`` more times, then passed to ``on_failure(unit, "Type: message")``. ``home(unit)``: units with
+    the same home go to one worker (elsewhere only if it is lost), so what they share is computed once."""
     from dask.distributed import as_completed
 
-    client, cluster = _client(workers, scheduler)
-    failed = []
+    dask_client, cluster = client(workers, scheduler, memory_limit)
     try:
-        addresses = sorted(client.scheduler_info()["workers"])
-        seeds = sorted({seed for _, seed in todo})
-        home = {seed: addresses[i % len(addresses)] for i, seed in enumerate(seeds)}
+        addresses = sorted(dask_client.scheduler_info()["workers"])
+        homes = list(dict.fromkeys(home(u) for u in units)) if home is not None else []
+        where = {h: addresses[i % len(addresses)] for i, h in enumerate(homes)}
 
-        def submit(trial):
-            name, seed = trial
-            return client.submit(task, name, seed, *how, key=f"trial-{name}-{seed}-{time.time_ns()}",
-                                 workers=[home[seed]], allow_other_workers=True)
+        def submit(unit):
+            placed = {} if home is None else {"workers": [where[home(unit)]], "allow_other_workers": True}
+            return dask_client.submit(func, *unit, pure=False, **placed)  # a fresh key per attempt
 
-        futures = {submit(t): (t, 0) for t in todo}
-        bar = tqdm(total=len(todo) + len(done), initial=len(done), desc="sweep", unit="grade", disable=not progress)
+        futures = {submit(u): (u, 0) for u in units}
         pending = as_completed(list(futures))
         for future in pending:
-            trial, tries = futures.pop(future)
+            unit, tries = futures.pop(future)
             try:
-                record = future.result()
-            except Exception as error:  # a lost worker, or the grader itself failed
+                result = future.result()
+            except Exception as error:  # a lost worker, or the task itself failed
                 if tries < RETRIES:
-                    again = submit(trial)
-                    futures[again] = (trial, tries + 1)
+                    again = submit(unit)
+                    futures[again] = (unit, tries + 1)
                     pending.add(again)
-                    continue
-                line = {"candidate": trial[0], "seed": trial[1], "error": f"{type(error).__name__}: {error}"}
-                failed.append(line)
-                log.write({"failed": line})
-                bar.update(1)
+                else:
+                    on_failure(unit, f"{type(error).__name__}: {error}")
                 continue
-            done[trial] = record
-            log.write({"trial": record})
-            bar.update(1)
-        bar.close()
+            on_result(unit, result)
     finally:
-        client.close()
+        dask_client.close()
         if cluster is not None:
             cluster.close()
+
+
+def _on_dask(todo, done, how, log, progress, workers, scheduler, task) -> list[dict]:
+    failed = []
+    bar = tqdm(total=len(todo) + len(done), initial=len(done), desc="sweep", unit="grade", disable=not progress)
+
+    def keep(unit, record) -> None:
+        done[unit[:2]] = record
+        log.write({"trial": record})
+        bar.update(1)
+
+    def lost(unit, error) -> None:
+        line = {"candidate": unit[0], "seed": unit[1], "error": error}
+        failed.append(line)
+        log.write({"failed": line})
+        bar.update(1)
+
+    map_on_dask(task, [(name, seed, *how) for name, seed in todo], on_result=keep, on_failure=lost,
+                workers=workers, scheduler=scheduler, home=lambda unit: unit[1])
+    bar.close()
     return failed
