@@ -113,7 +113,8 @@ def _all_failed(reason: str, paged: bool = False) -> list[CheckResult]:
 
 def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
           time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB,
-          isolation: str = "auto", features: Sequence[str] | None = None, paged: bool = False) -> Scorecard:
+          isolation: str = "auto", features: Sequence[str] | None = None, paged: bool = False,
+          slots_from: int | None = None) -> Scorecard:
     """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate)
     in a worker process of its own, killed (with everything it started) before this returns.
 
@@ -125,17 +126,21 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     (bubblewrap for anything but a built-in), "bubblewrap" or "process" (``grading.isolation``). ``features``:
     which of the candidate's declared features to grade (None: all it declares; ``()``: the base contract
     only; naming one it does not declare makes the scorecard's error). ``paged``: grade it against the paged
-    contract (``grading.paged_checks``; a paged built-in always is). Raises ``CandidateSpecError`` for a
-    malformed spec and ``IsolationUnavailable`` when bubblewrap is needed and cannot run here.
+    contract (``grading.paged_checks``; a paged built-in always is). ``slots_from``: the seed the problems'
+    shapes and flags are drawn from, their values still from ``seed`` (``grading.checks.Context``; None:
+    ``seed``): a regrade of stored programs on new values at the shapes they were exported for. Raises
+    ``CandidateSpecError`` for a malformed spec and ``IsolationUnavailable`` when bubblewrap is needed and
+    cannot run here.
     """
-    return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s,
-                       memory_limit_gb=memory_limit_gb, isolation=isolation, features=features, paged=paged)[0]
+    return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb,
+                       isolation=isolation, features=features, paged=paged, slots_from=slots_from)[0]
 
 
 def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str = "full",
                 time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                 memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "auto",
-                features: Sequence[str] | None = None, paged: bool = False) -> list[Scorecard]:
+                features: Sequence[str] | None = None, paged: bool = False,
+                slots_from: int | None = None) -> list[Scorecard]:
     """``grade`` on each of ``seeds`` with one worker (JAX starts, and compiles, once for them all).
 
     A worker that died or ran out of time is replaced by a fresh one for the next seed, so each
@@ -155,7 +160,7 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     try:
         for seed in seeds:
             runner.new_scorecard()
-            if not paged:  # the seed's problems are built while the worker starts and the checks run
+            if not paged and slots_from is None:  # the seed's problems are built while the worker starts
                 C.plan_ahead(seed, level)
             error = None if runner.alive else runner.start()
             if error is None:
@@ -166,7 +171,7 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
                                        seed=seed, level=level, isolation=where,
                                        contract="paged" if paged else "attention"))
             else:
-                cards.append(_run_checks(runner, cand, seed, level, graded, paged))
+                cards.append(_run_checks(runner, cand, seed, level, graded, paged, slots_from))
                 cards[-1].isolation = where
             cards[-1].memory_limit = runner.memory_limit
     finally:
@@ -206,10 +211,10 @@ def _graded_features(declared: Sequence[str], asked: Sequence[str] | None) -> tu
 
 
 def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str, features: tuple[str, ...],
-                paged: bool = False) -> Scorecard:
-    ctx = C.Context(runner, seed, level=level)
+                paged: bool = False, slots_from: int | None = None) -> Scorecard:
+    ctx = C.Context(runner, seed, level=level, slots_from=slots_from)
     results, verdicts = [], {}
-    if features and not paged:  # their problems are built while the base checks run
+    if features and not paged and slots_from is None:  # their problems are built while the base checks run
         C.plan_ahead(seed, level, [FEATURE_CHECKS[f] for f in features])
     for spec in paged_checks_for(features) if paged else checks_for(features):
         result, verdicts[spec.name] = run_check(spec, ctx)

@@ -337,10 +337,12 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
 
 
 def grade_programs(name: str, folder: Path, digests: dict[str, str], grading: list[Signature], *, seed: int,
-                   level: str, platform: str, features: tuple[str, ...] = (), contract: str = "attention") -> dict[str, Any]:
+                   level: str, platform: str, features: tuple[str, ...] = (), contract: str = "attention",
+                   slots_from: int | None = None) -> dict[str, Any]:
     """The rubric's scorecard of the stored programs (the grading signatures' only), with their hashes;
     ``features``: what the submission declared (graded by their checks too); ``contract``: ``"paged"``
-    grades them on the paged rubric."""
+    grades them on the paged rubric; ``slots_from``: the seed whose shapes the programs were exported for,
+    when ``seed`` draws only new values (a regrade, ``rubric.grade``)."""
     from ..grading import rubric
     from ..grading.candidates import Candidate
 
@@ -348,7 +350,8 @@ def grade_programs(name: str, folder: Path, digests: dict[str, str], grading: li
     program = (ProgramPagedAttention if contract == PAGED else ProgramAttention)(str(folder), table, platform, features)
     candidate = Candidate(name, "external", f"Submitted kernel {name}, as the programs it exported.",
                           lambda: program, contract=contract)
-    card = rubric.grade(candidate, seed=seed, level=level, isolation="process", paged=contract == PAGED).to_dict()
+    card = rubric.grade(candidate, seed=seed, level=level, isolation="process", paged=contract == PAGED,
+                        slots_from=slots_from).to_dict()
     card["programs"] = sorted(set(table.values()))
     return card
 
