@@ -1,10 +1,10 @@
-"""Publish against a stand-in Hub on 127.0.0.1 (HF_ENDPOINT): the real huggingface_hub client runs, the
-server answers 401, 403, gated, 404, 409 or 500 (or nothing listens). Each failure is one line on stderr
-with its own exit status, never a traceback, and the token is never printed."""
+"""Publish against a stand-in Hub on 127.0.0.1 (HF_ENDPOINT, ``tests/hub_standin.py``): the real
+huggingface_hub client runs, the server answers 401, 403, gated, 404, 409 or 500 (or nothing listens).
+Each failure is one line on stderr with its own exit status, never a traceback, and the token is never
+printed."""
 
 from __future__ import annotations
 
-import http.server
 import json
 import shutil
 import socket
@@ -14,48 +14,13 @@ from pathlib import Path
 import pytest
 
 import release_fixtures as testing
+from hub_standin import StandInHub
 from tpu_kernel_records_tools.builder.build import build
 from tpu_kernel_records_tools.builder.publish import HUB_STATUS
 from tpu_kernel_records_tools.cli import main as commands
 from release_fixtures import PUBLISHED
 
 TOKEN = "hf_" + "StandInHubToken" * 3
-
-
-class StandInHub(http.server.ThreadingHTTPServer):
-    """Answers every request with ``status`` (and the Hub's error headers); records what was asked."""
-
-    def __init__(self, status: int, error_code: str | None = None):
-        super().__init__(("127.0.0.1", 0), Handler)
-        self.status, self.error_code, self.requests = status, error_code, []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}"
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length:
-            self.rfile.read(length)
-        self.server.requests.append((self.command, self.path, self.headers.get("Authorization")))
-        # As the Hub does, the body names the repo's url (create_repo reads it when a 409 means "exists").
-        body = json.dumps({"error": f"stand-in hub says {self.server.status}",
-                           "url": f"{self.server.url}/datasets/me/tpu-kernel-records"}).encode()
-        self.send_response(self.server.status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        if self.server.error_code:
-            self.send_header("X-Error-Code", self.server.error_code)
-            self.send_header("X-Error-Message", "stand-in hub error")
-        self.end_headers()
-        self.wfile.write(body)
-
-    do_GET = do_POST = do_PUT = do_DELETE = do_HEAD = _answer
-
-    def log_message(self, *args) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,12 @@ def _read(run_dir: Path, allow_interpret: bool) -> Accepted:
     return acc
 
 
+def check_run(run_dir: Path | str, *, allow_interpret: bool = False) -> Accepted:
+    """Every rule ``build`` applies to one run folder (schemas, checksums, acceptance rules, secrets), and
+    nothing written: the run accepted, or the ``BuildError`` build would refuse it with."""
+    return _read(Path(run_dir), allow_interpret)
+
+
 def _copy_run(run_dir: Path, accepted: Accepted, dest: Path) -> None:
     """Copy exactly the manifest and the files it lists."""
     for rel in [rawio.MANIFEST, *accepted.run["manifest"]["files"]]:

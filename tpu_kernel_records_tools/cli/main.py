@@ -2,7 +2,8 @@
 
 ``measure`` (the measurement job, ``measure.run``), ``grade`` and ``power`` (the correctness rubric,
 ``cli.rubric``; ``tpu-kernel-rubric`` is their alias), ``calibrate`` (the tolerance calibration,
-``cli.calibrate``), ``build``, ``verify`` and ``publish`` (the release, ``cli.release``) and ``plan``.
+``cli.calibrate``), ``build``, ``verify`` and ``publish`` (the release, ``cli.release``), ``submit`` and
+``review`` (a run proposed as a Hub pull request, and its review: ``cli.contribute``) and ``plan``.
 ``python -m tpu_kernel_records_tools`` is the same command.
 """
 
@@ -13,7 +14,7 @@ import sys
 from pathlib import Path
 from typing import Sequence
 
-from ..cli import calibrate, plan, release, rubric
+from ..cli import calibrate, contribute, plan, release, rubric
 from ..cli.exits import exit_with
 from ..bench.cases import PROFILES, SCOPES
 from ..records.schema import VERSION
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     rubric.register(subparsers)
     calibrate.register(subparsers)
     release.register(subparsers)
+    contribute.register(subparsers)
     plan.register(subparsers)
     return parser
 

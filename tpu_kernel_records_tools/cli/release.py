@@ -68,6 +68,16 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def refused_or_failed(command: str, error: "PublishError", as_json: bool) -> int:
+    """Report a ``PublishError`` (a ``HubError`` has a ``kind``): one line on stderr, with ``as_json`` also
+    ``{ok, status, kind, error}`` on stdout; returns its exit status."""
+    kind = getattr(error, "kind", None)
+    if as_json:
+        print(json.dumps({"ok": False, "status": error.status, "kind": kind or "refused", "error": str(error)}))
+    print(f"{command} {'failed' if kind else 'refused'}: {error}", file=sys.stderr)
+    return error.status
+
+
 def _cmd_publish(args: argparse.Namespace) -> int:
     from ..builder.publish import PublishError, publish
 
@@ -78,11 +88,7 @@ def _cmd_publish(args: argparse.Namespace) -> int:
                        dry_run=args.dry_run, stage_dir=args.stage, gated=args.gated, private=args.private,
                        out=(lambda line: None) if quiet else print)
     except PublishError as e:
-        kind = getattr(e, "kind", None)
-        if args.json:
-            print(json.dumps({"ok": False, "status": e.status, "kind": kind or "refused", "error": str(e)}))
-        print(f"publish {'failed' if kind else 'refused'}: {e}", file=sys.stderr)
-        return e.status
+        return refused_or_failed("publish", e, args.json)
     if args.json:
         print(json.dumps({"ok": True, "dry_run": args.dry_run, **plan.to_dict()}, indent=2))
     return 0
