@@ -30,3 +30,16 @@ def fake_trial(candidate: str, seed: int, level: str, time_limit_s, isolation: s
     if candidate == "broken":
         raise RuntimeError(f"broken on attempt {attempt}")
     return record(candidate, seed)
+
+
+def fake_group(tasks, level: str, time_limit_s, isolation: str) -> list[dict]:
+    """A calibration slot group (``grading.calibration.group_trials``): a record per ``(candidate, seed)``; a
+    group holding ``dies-once`` kills its worker process on the group's first attempt, one holding ``broken``
+    raises."""
+    attempts = [_attempt(name, seed) for name, seed in tasks]
+    names = {name for name, _ in tasks}
+    if "dies-once" in names and attempts[0] == 1:
+        os._exit(1)
+    if "broken" in names:
+        raise RuntimeError(f"broken on attempt {attempts[0]}")
+    return [dict(record(name, seed), cpu_s=1.0, shared_cpu_s=0.5, slots_from=seed - seed % 5) for name, seed in tasks]

@@ -331,13 +331,6 @@ def test_the_trials_needed_k_is_the_full_scorecards():
     assert trial["cpu_s"] > 0 and trial["shared_cpu_s"] > 0
 
 
-def test_dask_options_are_refused_not_ignored(tmp_path, graded, capsys):
-    out = tmp_path / "trials.jsonl"
-    assert main(["calibrate", "--seeds", "1", "--scheduler", "tcp://127.0.0.1:1", "--trials", str(out)]) == 2
-    assert main(["calibrate", "--seeds", "1", "--workers", "2", "--trials", str(out)]) == 2
-    assert "--resume and --max-minutes" in capsys.readouterr().err and graded == [] and not out.exists()
-
-
 def test_shards_share_the_slot_groups_and_each_holds_both_sets():
     seeds = 3 * cal.SLOT_GROUP
     every = cal.calibration_tasks(seeds, ["a", "flash"], kernel_seeds=1)

@@ -6,15 +6,16 @@ background on a shared machine::
 
     nohup nice -n 19 tpu-kernel-records calibrate --resume --max-minutes 150 --quiet > calibration.log 2>&1 &
 
-On N cores, N runs at once, each on its share of the seed groups (``--shard K/N``) with its own trials file, joined
-into the committed one with ``--merge`` (which grades nothing).
+On N cores, ``--workers N`` grades one slot group per Dask task on a ``LocalCluster`` (``--scheduler ADDRESS``: on an
+existing cluster), appending every trial to the one trials file; without Dask, N runs at once, each on its share of
+the seed groups (``--shard K/N``) with its own trials file, joined into the committed one with ``--merge`` (which
+grades nothing).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -73,9 +74,11 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--isolation", choices=CHOICES, default="auto",
                    help="where a file or module candidate's worker runs (as for grade); built-ins run in-process")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    # Parsed only to say they are gone (docs/DEVELOPING.md named them): a calibration runs serially here.
-    p.add_argument("--workers", type=int, default=0, help=argparse.SUPPRESS)
-    p.add_argument("--scheduler", help=argparse.SUPPRESS)
+    p.add_argument("--workers", type=int, default=0, metavar="N",
+                   help="grade on a Dask LocalCluster of N worker processes, one task per slot group (default 0: "
+                        "serially in this process)")
+    p.add_argument("--scheduler", metavar="ADDRESS",
+                   help="grade on an existing Dask cluster (tcp://host:8786), one task per slot group")
     p.set_defaults(func=_calibrate)
 
 
@@ -89,22 +92,6 @@ def _shard(text: str) -> tuple[int, int]:
     return k, n
 
 
-def compute_on_cpu() -> None:
-    """Calibrate on the CPU, with the compile options a grading worker on a CPU uses (``grading.worker``), as
-    long as JAX's backend has not started in this process (it has not when the command starts)."""
-    import jax
-    from jax._src import xla_bridge
-
-    from ..grading.candidates import CPU_COMPILE_OPTIONS
-    from ..grading.worker import _add_xla_flags
-
-    if xla_bridge.backends_are_initialized():
-        return
-    jax.config.update("jax_platforms", "cpu")
-    os.environ["JAX_PLATFORMS"] = "cpu"  # and so for the sandboxed workers of a stranger's candidate
-    _add_xla_flags(CPU_COMPILE_OPTIONS)
-
-
 def _calibrate(args: argparse.Namespace) -> int:
     from ..grading import calibration as cal
 
@@ -113,10 +100,9 @@ def _calibrate(args: argparse.Namespace) -> int:
         print("tpu-kernel-records calibrate: --seeds must be >= 1, --kernel-seeds >= 0, --max-minutes > 0",
               file=sys.stderr)
         return EXIT_USAGE
-    if args.scheduler or args.workers:
-        print("tpu-kernel-records calibrate: --workers and --scheduler are gone: a calibration runs serially in "
-              "this process (a seed's candidates share its truth, and each built-in its compiled programs); run "
-              "it in pieces with --resume and --max-minutes", file=sys.stderr)
+    if args.workers < 0 or ((args.workers or args.scheduler) and args.max_minutes is not None):
+        print("tpu-kernel-records calibrate: --workers must be >= 0, and --max-minutes runs serially (on Dask, stop "
+              "the run at any time and go on with --resume)", file=sys.stderr)
         return EXIT_USAGE
     said: list[str] = []  # what this command met (a source's cut-off line, a budget run out): stderr only
     if args.report_only or args.merge:
@@ -138,19 +124,20 @@ def _calibrate(args: argparse.Namespace) -> int:
             return EXIT_USAGE
         if not isolation_allowed(args.isolation, [c for c in cands if cal.BUILTIN.get(c.name) is not c]):
             return EXIT_USAGE
-        compute_on_cpu()
+        cal.compute_on_cpu()
         tasks = cal.calibration_tasks(args.seeds, [c.name for c in cands], args.kernel_seeds, shard=args.shard)
         try:
             done = cal.run(tasks, level=level, out=args.trials, resume=args.resume, progress=not args.quiet,
                            budget_s=None if args.max_minutes is None else 60 * args.max_minutes,
-                           time_limit_s=args.time_limit, isolation=args.isolation)
+                           time_limit_s=args.time_limit, isolation=args.isolation, workers=args.workers,
+                           scheduler=args.scheduler)
         except (FileExistsError, ValueError) as e:
             print(f"tpu-kernel-records calibrate: {e}", file=sys.stderr)
             return EXIT_USAGE
         said, remaining = done.notes, done.remaining
         if remaining:
             said = [*said, f"{remaining} of {len(tasks)} trials not graded yet (the --max-minutes budget ran "
-                             f"out); `tpu-kernel-records calibrate --resume` goes on"]
+                             f"out, or a slot group failed twice); `tpu-kernel-records calibrate --resume` goes on"]
         # The report is the file's, as --report-only reads it: its trials in its order, with its own notes.
         trials, notes = cal.read_trials(args.trials, level)
     for note in [*said, *notes]:

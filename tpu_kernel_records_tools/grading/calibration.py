@@ -64,7 +64,9 @@ and reported, and its trial graded again), skips on ``resume`` every trial the f
 twice), and stops cleanly once ``budget_s`` has passed (before the next trial). The file's first line names
 the policy (with its allowed roundings), the slot group's size and the problems its trials were drawn from
 (:func:`distribution_digest`), so a resume after any of them changed is refused, never mixed. ``shard``
-splits the slot groups between runs, one per core, each with its own file, and :func:`merge` joins them. The
+splits the slot groups between runs, one per core, each with its own file, and :func:`merge` joins them; or
+``workers`` / ``scheduler`` send each slot group to Dask as one task (:func:`group_trials`, through
+``grading.sweep.map_on_dask``), the client appending its trials to the one file as they arrive. The
 report is regenerated from whatever trials the file holds (``--report-only`` grades nothing), and says how
 many seeds and slot draws of each set it covers; a run and a merge write the same report as ``--report-only``
 (the file's trials in its order), and say what happened (a budget ran out, a source's cut-off line) on stderr.
@@ -488,13 +490,54 @@ def _cut_off_note(path: Path, cut: str) -> str:
             f"dropped; that trial is graded again on --resume")
 
 
+def compute_on_cpu() -> None:
+    """Calibrate on the CPU, with the compile options a grading worker on a CPU uses (``grading.worker``), as
+    long as JAX's backend has not started in this process (it has not when the command or a Dask worker starts)."""
+    import jax
+    from jax._src import xla_bridge
+
+    from ..grading.candidates import CPU_COMPILE_OPTIONS
+    from ..grading.worker import _add_xla_flags
+
+    if xla_bridge.backends_are_initialized():
+        return
+    jax.config.update("jax_platforms", "cpu")
+    os.environ["JAX_PLATFORMS"] = "cpu"  # and so for the sandboxed workers of a stranger's candidate
+    _add_xla_flags(CPU_COMPILE_OPTIONS)
+
+
+def group_trials(tasks: Sequence[tuple[str, int]], level: str, time_limit_s: float | None = None,
+                 isolation: str = "auto") -> list[dict]:
+    """The trial records of ``tasks`` (the ``(candidate, seed)``s of one slot group), seed by seed as :func:`run`
+    grades them, where a Dask worker runs them: each seed's problems once, its candidates' trials after, the
+    group's compiled programs let go at the end."""
+    compute_on_cpu()
+    runners = Runners(time_limit_s=time_limit_s, isolation=isolation)
+    records: list[dict] = []
+    try:
+        for seed in dict.fromkeys(s for _, s in tasks):
+            seed_trials(seed, [n for n, s in tasks if s == seed], level=level, slots_from=slots_seed(seed),
+                        runners=runners, on_trial=records.append)
+    finally:
+        release_compiled(runners, now=True)
+    return records
+
+
 def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | None = None, resume: bool = False,
         budget_s: float | None = None, progress: bool = True, time_limit_s: float | None = None,
-        isolation: str = "auto", clock: Callable[[], float] = time.monotonic) -> Sweep:
-    """Grade every ``(candidate, seed)`` of ``tasks`` that ``out`` does not hold yet (see the module doc),
-    serially in this process, seed by seed; stop before the next trial once ``budget_s`` has passed."""
+        isolation: str = "auto", clock: Callable[[], float] = time.monotonic, workers: int = 0,
+        scheduler: str | None = None, task: Callable[..., list[dict]] = group_trials) -> Sweep:
+    """Grade every ``(candidate, seed)`` of ``tasks`` that ``out`` does not hold yet (see the module doc):
+    serially in this process, seed by seed, stopping before the next trial once ``budget_s`` has passed; or,
+    with ``workers`` (a ``LocalCluster`` of that many) or ``scheduler`` (an existing cluster's address), one
+    Dask task per slot group (``task``, default :func:`group_trials`), each trial appended to ``out`` by this
+    process as its group's results arrive; a group that fails twice is named in ``Sweep.notes`` and its trials
+    stay to grade (``Sweep.remaining``)."""
     from tqdm.auto import tqdm
 
+    on_dask = bool(workers or scheduler)
+    if on_dask and budget_s is not None:
+        raise ValueError("--max-minutes runs serially; on Dask stop the run at any time and go on with --resume")
     log, found = TrialsFile.open(out, header(level, None if out is None else distribution_digest(level)), resume)
     result = Sweep()
     done: dict[tuple[str, int], dict] = {}
@@ -506,7 +549,6 @@ def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | No
             result.notes.append(_cut_off_note(out, found.cut_off))
     todo = [t for t in tasks if t not in done]
     deadline = None if budget_s is None else clock() + budget_s
-    runners = Runners(time_limit_s=time_limit_s, isolation=isolation)
     bar = tqdm(total=len(tasks), initial=len(tasks) - len(todo), desc="calibration", unit="trial",
                disable=not progress)
 
@@ -518,9 +560,19 @@ def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | No
         bar.set_postfix_str(f"seed {record['seed']} {record['candidate']} {record['cpu_s']:.0f}+"
                             f"{record['shared_cpu_s']:.0f} CPU-s")
 
-    def out_of_time() -> bool:
-        return deadline is not None and clock() >= deadline
+    if on_dask:
+        _on_dask(todo, keep, result.notes, task, (level, time_limit_s, isolation), workers, scheduler)
+    else:
+        _serial(todo, keep, lambda: deadline is not None and clock() >= deadline, level,
+                Runners(time_limit_s=time_limit_s, isolation=isolation))
+    bar.close()
+    result.remaining = sum(t not in done for t in tasks)
+    wanted = set(tasks)
+    result.trials = [done[t] for t in tasks if t in done] + [r for t, r in done.items() if t not in wanted]
+    return result
 
+
+def _serial(todo, keep, out_of_time, level, runners) -> None:
     group = None
     for seed in dict.fromkeys(s for _, s in todo):
         if out_of_time():
@@ -530,11 +582,27 @@ def run(tasks: Sequence[tuple[str, int]], *, level: str = "full", out: Path | No
         group = slots_seed(seed)
         seed_trials(seed, [n for n, s in todo if s == seed], level=level, slots_from=group, runners=runners,
                     on_trial=keep, stop=out_of_time)
-    bar.close()
-    result.remaining = sum(t not in done for t in tasks)
-    wanted = set(tasks)
-    result.trials = [done[t] for t in tasks if t in done] + [r for t, r in done.items() if t not in wanted]
-    return result
+
+
+def _on_dask(todo, keep, notes, task, how, workers, scheduler) -> None:
+    from ..grading.sweep import map_on_dask
+
+    groups: dict[int, list[tuple[str, int]]] = {}
+    for name, seed in todo:
+        groups.setdefault(slots_seed(seed), []).append((name, seed))
+
+    def lost(unit, error: str) -> None:
+        seeds = sorted({seed for _, seed in unit[0]})
+        notes.append(f"slot group of seeds {seeds[0]}-{seeds[-1]} ({len(unit[0])} trials) failed twice ({error}); "
+                     f"`--resume` grades it again")
+
+    def arrived(unit, records: list[dict]) -> None:
+        for record in records:
+            keep(record)
+
+    # No Dask memory limit per worker: a full-level seed's float64 truths hold gigabytes for a moment.
+    map_on_dask(task, [(tuple(g), *how) for g in groups.values()], workers=workers, scheduler=scheduler,
+                on_result=arrived, on_failure=lost, memory_limit=0)
 
 
 # --------------------------------------------------------------------------------------------------
