@@ -24,7 +24,7 @@ HAS_RUBRIC = importlib.util.find_spec("tpu_kernel_records_tools.grading.rubric")
 REAL_GRADE = run_module.grade
 
 
-def _stub_scorecards(kernels, *, seed, progress, known_bad=None):
+def _stub_scorecards(kernels, *, seed, progress, known_bad=None, kernel_level="full"):
     check = {"name": "stub", "passed": True, "points": 1, "max_points": 1, "detail": "measure.rubric missing"}
     return [{"candidate": k, "kind": "kernel", "passed": True, "score": 1, "max_score": 1, "checks": [check]}
             for k in kernels]
@@ -35,7 +35,7 @@ def _stub_scorecards(kernels, *, seed, progress, known_bad=None):
 MEASURED = "online-softmax"
 
 
-def _quick_real_grade(kernels, *, seed, progress, known_bad=None):
+def _quick_real_grade(kernels, *, seed, progress, known_bad=None, kernel_level="full"):
     """The real rubric on cheap candidates: grading Pallas in interpret mode takes minutes on this
     CPU, too long for a unit test. The candidate choice itself is tested on its own below."""
     return REAL_GRADE([MEASURED], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick")
@@ -324,10 +324,12 @@ def test_known_bad_grading_follows_the_profile_unless_told_and_a_skip_is_noted(
     monkeypatch.setattr(run_module, "run_benchmark", lambda *a, **k: BenchmarkResult(
         cases=[dict(c) for c in bench["cases"]], pairs=list(bench["pairs"])))
     asked = []
-    monkeypatch.setattr(run_module, "grade", lambda kernels, **kw: asked.append(kw["known_bad"])
+    monkeypatch.setattr(run_module, "grade", lambda kernels, **kw: asked.append((kw["known_bad"], kw["kernel_level"]))
                         or run["correctness"]["scorecards"])
     folder = run_module.run_measure(tmp_path / "k", profile=profile, known_bad=flag, scopes=["softmax"],
                                     progress=False)
     notes = rawio.read_run(folder)["environment"]["notes"] or ""
-    assert asked == [expect_known_bad]
+    level = "full" if profile == "gpu" else "quick"  # a CPU run shows the path; an accelerator's grades it all
+    assert asked == [(expect_known_bad, level)]
     assert ("known-bad built-ins were not graded" in notes) == (expect_known_bad == ())
+    assert ("measured kernels were graded at the quick level" in notes) == (level == "quick")

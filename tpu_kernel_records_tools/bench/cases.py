@@ -295,6 +295,9 @@ class Profile:
       export_tpu: on a CPU, also export the Pallas cases' StableHLO for TPU.
       grade_known_bad: whether ``measure`` also grades every known-bad built-in (quick level, one
         worker each: about 20 s apiece on a 2-core CPU) to show the rubric still rejects them here.
+      kernel_level: the rubric level ``measure`` grades the measured kernels at: ``full`` on an
+        accelerator; ``quick`` on a CPU, where the kernels are interpreted and the run only shows that
+        their path runs (the full level's model-sized problems take minutes per kernel there).
       model: the shapes of the ``model-*`` scopes; ``None`` where the profile has none.
       masks: the masked models of the ``masks-*`` scopes (``MaskedModel``).
       paged: the decode steps of the ``paged-decode`` scope (``PagedModel``).
@@ -318,6 +321,7 @@ class Profile:
     export_tpu: bool = True
     model: ModelShapes | None = None
     grade_known_bad: bool = True
+    kernel_level: str = "full"
     masks: tuple[MaskedModel, ...] = ()
     paged: tuple[PagedModel, ...] = ()
 
@@ -332,12 +336,12 @@ class Profile:
 
 PROFILES: dict[str, Profile] = {
     p.name: p for p in (
-        # Finishes in under 3 minutes on a 2-core CPU, Pallas in interpret mode (the known-bad
-        # built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
-        Profile("cpu", batch=1, head_dim=64, grade_known_bad=False,
+        # A demonstration on a 2-core CPU, Pallas in interpret mode, its kernels graded at the quick level
+        # (the known-bad built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
+        Profile("cpu", batch=1, head_dim=64, grade_known_bad=False, kernel_level="quick",
                 scopes=("softmax", "attention") + MASK_SCOPES + PAGED_SCOPES, masks=TINY_MASKS, paged=TINY_PAGED),
         Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=5, export_tpu=True,
-                grade_known_bad=False, masks=TINY_MASKS, paged=TINY_PAGED[1:]),
+                grade_known_bad=False, kernel_level="quick", masks=TINY_MASKS, paged=TINY_PAGED[1:]),
         Profile("tpu-v5e", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
                 scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED),
         Profile("gpu", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,

@@ -31,6 +31,9 @@ PEAK_MEMORY_NOTE = ("peak_memory_bytes is the backend's high-water mark (memory_
 KNOWN_BAD_SKIPPED_NOTE = ("The known-bad built-ins were not graded in this run (profile {profile}, or "
                           "--no-known-bad); the release's grader-power record shows the rubric rejecting "
                           "each of them on every seed.")
+QUICK_LEVEL_NOTE = ("The measured kernels were graded at the quick level (profile {profile}): on a CPU the "
+                    "kernels are interpreted and this run shows that their path runs; the full level's "
+                    "model-sized problems are graded under the tpu-v5e and gpu profiles.")
 RUNS_DIR = Path("runs")
 
 
@@ -61,7 +64,8 @@ def _settings(out: Path | None, profile: str | None, warmups: int | None, sample
 
 def measured_candidates(profile: Profile, scopes: Sequence[str], platform: str | None = None
                         ) -> tuple[str, list[str]]:
-    """The candidate whose checks decide the run, and every measured kernel's candidate name: each kernel
+    """The record's headline candidate and every measured kernel's candidate name (each answers for its own
+    rows: ``builder.verdicts``): each kernel
     the scopes time on ``platform`` (default: this host's backend) is graded under the name the registry
     gives it (``Implementation.grading_name``), so the graded kernel is the timed one; the paged kernel
     of ``paged-decode`` (``paged-pallas``, ``paged-triton`` on a GPU) on the paged contract."""
@@ -90,7 +94,7 @@ def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
 
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
           known_bad: Sequence[str] | None = None, kernel_level: str = "full") -> list[dict[str, Any]]:
-    """Scorecards of ``kernels`` at the full level (every feature they declare; a paged kernel on the paged
+    """Scorecards of ``kernels`` at ``kernel_level`` (every feature they declare; a paged kernel on the paged
     contract, as ``grading.rubric`` grades every paged built-in) and of the known-bad candidates (default:
     every built-in one, the paged ones where a paged kernel is graded; ``()``: none) at the quick level (the base contract and the
     features their intended checks grade), each candidate in its own worker process; every scorecard
@@ -161,8 +165,11 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
     bench = run_benchmark(prof, scopes, warmups=warmups, samples=samples, seed=seed, progress=progress)
     measured, kernels = measured_candidates(prof, scopes)
     known_bad = prof.grade_known_bad if known_bad is None else known_bad
-    scorecards = grade(kernels, seed=seed, progress=progress, known_bad=None if known_bad else ())
+    scorecards = grade(kernels, seed=seed, progress=progress, known_bad=None if known_bad else (),
+                       kernel_level=prof.kernel_level)
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes
+    if prof.kernel_level != "full":
+        notes.append(QUICK_LEVEL_NOTE.format(profile=prof.name))
     if not known_bad:
         notes.append(KNOWN_BAD_SKIPPED_NOTE.format(profile=prof.name))
     if any(c["peak_memory_bytes"] is not None for c in bench.cases):
@@ -234,15 +241,18 @@ def summary(benchmark: dict[str, Any], correctness: dict[str, Any]) -> str:
 def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str | None = None,
                   warmups: int | None = None, samples: int | None = None, seed: int = 0, level: str = "full",
                   isolation: str = "auto", progress: bool = True, candidate_dir: Path | None = None,
-                  contract: str = "attention") -> Path:
+                  contract: str = "attention", case_budget_s: float | None = None) -> Path:
     """``measure --candidate SPEC --name NAME`` (``measure.submission``): export the submitted kernel in a
     sandbox, grade the programs at ``level`` and time them beside XLA and the flash kernel at the
-    profile's flash and model shapes; write one run with source ``submitted``, programs kept. The timed
+    profile's flash and model shapes (the project's kernels timed beside it graded at ``level`` too, each
+    answering for its rows); write one run with source ``submitted``, programs kept. The timed
     shapes' inputs, checked calls and rows follow from entropy drawn after the export (recorded as
     ``submission.check_entropy``); ``seed`` is the rubric's. ``candidate_dir``: the folder of a kernel
     that spans several files (``grading.candidates.resolve``'s ``root``), bound into the exporter's sandbox.
     ``contract="paged"`` (``--paged``): a paged kernel, graded on the paged rubric and timed at the profile's
     ``paged-decode`` cases beside the paged implementations.
+    ``case_budget_s``: seconds the submitted program may take at one timed case, announced to the
+    supervising process (``measure.supervise``) that kills the measuring past it.
 
     Raises ``ProgramRefused`` (one line) for an export that fails or a program that is refused, and
     ``ValueError`` / ``FileExistsError`` as ``run_measure``."""
@@ -268,7 +278,12 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
     bench = submission.run_benchmark_with(prof, warmups=warmups, samples=samples, seed=seed, progress=progress,
                                           contract=contract)
     submission.time_submission(bench, templates, programs, digests, warmups=warmups, samples=samples, seed=seed,
-                               entropy=entropy, device_kind=device_kind, progress=progress)
+                               entropy=entropy, device_kind=device_kind, progress=progress,
+                               case_budget_s=case_budget_s)
+    # the project's kernels timed beside it answer for their rows too (builder.verdicts)
+    _, kernels = measured_candidates(prof, submission.bench_scopes(prof, contract), platform)
+    baselines = grade([k for k in kernels if k != "reference"], seed=seed, progress=progress, known_bad=(),
+                      kernel_level=level)
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes + [
         submission.SUBMITTED_NOTE.format(name=name)]
     env = environment.capture(run_id=run_id, created=created, profile=prof.name, devices_used=bench.devices_used,
@@ -276,7 +291,7 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
     documents = {
         "environment": {**env, "source": "submitted"},
         "correctness": {"format_version": 1, "run_id": run_id, "source": "submitted", "seed": seed,
-                        "measured_candidate": name, "scorecards": [card], "power": None,
+                        "measured_candidate": name, "scorecards": [card, *baselines], "power": None,
                         "submission": {"name": name, **entry, "check_entropy": entropy}},
         "benchmark": {"format_version": 1, "run_id": run_id, "source": "submitted", "profile": prof.name,
                       "platform": platform, "interpret": bench.interpret, "warmups": warmups,
