@@ -83,7 +83,8 @@ def test_interpret_run_is_flagged_in_every_row(built):
     assert (settings["seeds"], settings["shapes"][0]["name"], settings["policy"]["k_forward"],
             settings["policy"]["k_gradient"]) == (2, "A", 2.0, 3.0)
     card = (built / "dataset_card.md").read_text()
-    assert "| `synthetic-cpu` | ignores-causal | attention | known-bad | reject | 4 | 4 | 100% | causal-mask: 4 | — |" in card
+    assert ("| `synthetic-cpu` | ignores-causal | attention | known-bad | reject | 4 | 4 | 100% | causal-mask: 4 | — |"
+            in card)
     assert "Record `synthetic-cpu` (measured on cpu: the grader's numerics, not kernel speed): 2 seeds (0..1)" in card
     assert "`published-tpu-v5e-8` | published-summary | tpu | TPU v5e | 8 / 1" in card
 
@@ -275,8 +276,8 @@ def test_real_tiny_cpu_run_builds_with_allow_interpret(tmp_path, monkeypatch):
         ["reference"], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick"))
     monkeypatch.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
     # the tiny profile's paged decode step too (issue 36): its cache columns and bytes reach the tables
-    run = run_module.run_measure(tmp_path / "tiny", profile="tiny", warmups=1, samples=2,
-                                 scopes=["softmax", "paged-decode"], progress=False)
+    run = testing.stand_in_kernel_cards(run_module.run_measure(
+        tmp_path / "tiny", profile="tiny", warmups=1, samples=2, scopes=["softmax", "paged-decode"], progress=False))
     ws = testing.workspace(tmp_path / "ws")
     with pytest.raises(BuildError, match=r"\[interpret\]"):
         build([run], ws / "data")

@@ -298,8 +298,8 @@ def test_measure_on_the_tiny_profile_writes_the_mask_cases_and_build_verify_load
     monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None, kernel_level=None: grade(
         ["reference"], seed=seed, progress=progress, known_bad=[], kernel_level="quick"))
     monkeypatch.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
-    run = run_module.run_measure(tmp_path / "run", profile="tiny", warmups=0, samples=2, scopes=["masks-fwd"],
-                                 progress=False)
+    run = testing.stand_in_kernel_cards(run_module.run_measure(tmp_path / "run", profile="tiny", warmups=0,
+                                                               samples=2, scopes=["masks-fwd"], progress=False))
     bench = json.loads((run / "benchmark.json").read_text())
     by_model = {(c["model"], c["implementation"]): c for c in bench["cases"]}
     assert {m for m, _ in by_model} == {m.name for m in TINY_MASKS}

@@ -60,7 +60,7 @@ def test_power_record_builds_labelled_and_fills_the_cards_table(ws, tmp_path):
     (env,) = pq.read_table(data / "environment" / f"{RUN_ID}.parquet").to_pylist()
     assert env["notes"].startswith("Grader power:") and "not kernel speed" in env["notes"]
     card = (ws / "dataset_card.md").read_text()
-    assert f"| `{RUN_ID}` | ignores-causal | known-bad | reject | 4 | 4 | 100% | causal-mask: 4 | — |" in card
+    assert f"| `{RUN_ID}` | ignores-causal | attention | known-bad | reject | 4 | 4 | 100% | causal-mask: 4 | — |" in card
     assert (f"Record `{RUN_ID}` (measured on cpu: the grader's numerics, not kernel speed): 2 seeds (0..1); "
             "shapes A 1x8x8 4/2 heads d8; tolerance k forward 2.0, gradient 3.0, floor 1e-06; false rejects 0 of "
             "4 correct trials; missed 0 of 4 known-bad trials.") in card

@@ -44,7 +44,8 @@ def test_power_counts_rejections_and_validates():
            "power": json.loads(json.dumps(power, allow_nan=False))}
     rawio.validate("correctness", doc)
     text = P.power_markdown(power)
-    assert "| zeros | known-bad | 2 | 2 |" in text and "| reference | reference | 2 | 0 |" in text
+    assert "| zeros | attention | known-bad | 2 | 2 |" in text
+    assert "| reference | attention | reference | 2 | 0 |" in text
     assert "False rejects of correct candidates: 0 of 2" in text and "not rejected: 0 of 4" in text
 
 

@@ -123,6 +123,10 @@ def _power_settings(record_id: str, platform: str, s: dict[str, Any]) -> str:
         dims = sorted({sh["head_dim"] for sh in all_shapes if sh["head_dim"] is not None})
         longest = max((sh["kv_len"] or 0) for sh in all_shapes)
         shapes = f"{len(all_shapes)} (head_dim {', '.join(map(str, dims))}; kv_len up to {longest})"
+    paged = next((json.loads(o["json"]) for o in s["other"] or [] if o["name"] == "paged_shapes"), None)
+    if paged:
+        sizes = ", ".join(map(str, sorted({sh["page_size"] for sh in paged})))
+        shapes += f"; paged shapes {len(paged)} (page sizes {sizes})"
     totals = []
     if s["correct_trials"] is not None:
         totals.append(f"false rejects {s['false_rejects']} of {s['correct_trials']} correct trials")
@@ -156,11 +160,15 @@ def _power_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         rate = f"{r['rejected'] / r['trials']:.0%}" if r["trials"] and r["rejected"] is not None else None
         by = ", ".join(f"{b['check']}: {b['count']}" for b in r["rejected_by"]) or None
-        out.append([code(r["record_id"]), r["candidate"], r["kind"], r["expected"], r["trials"], r["rejected"],
-                    rate, by, _needed_k(r["power_detail"])])
-    rendered = table(["Record", "Candidate", "Kind", "Expected", "Trials", "Rejected", "Rejection rate",
+        out.append([code(r["record_id"]), r["candidate"], r["contract"], r["kind"], r["expected"], r["trials"],
+                    r["rejected"], rate, by, _needed_k(r["power_detail"])])
+    rendered = table(["Record", "Candidate", "Contract", "Kind", "Expected", "Trials", "Rejected", "Rejection rate",
                       "Rejected by", "Needed k"], out)
-    return _power_settings(rows[0]["record_id"], rows[0]["platform"], rows[0]["power_settings"]) + "\n" + rendered
+    contracts = sorted({r["contract"] for r in rows})
+    swept = (f"Contracts swept: {', '.join(contracts)}"
+             + ("" if "paged" in contracts else " (the paged built-ins are not in this record)") + ".\n")
+    return (_power_settings(rows[0]["record_id"], rows[0]["platform"], rows[0]["power_settings"]) + swept + "\n"
+            + rendered)
 
 
 def ratio_series(benchmark: pa.Table) -> list[dict[str, Any]]:

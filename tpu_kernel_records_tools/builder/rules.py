@@ -4,7 +4,9 @@ A run is accepted when (after ``rawio.read_run``'s schema and checksum checks):
 
 * its three documents agree on source, platform and interpret mode;
 * a TPU run shows every device of its slice (``expected_device_count``);
-* the measured candidate's scorecard exists and every one of its checks passed; every scorecard adds
+* the measured candidate's scorecard exists and every one of its checks passed, and so did the
+  scorecards of every kernel the run timed, whichever its position (``builder.verdicts``: a timed
+  kernel without a scorecard is refused; the XLA references and vendor kernels need none); every scorecard adds
   up as the rubric writes it (a check earns its points exactly when it passed, the score and maximum
   are their sums, a card passes exactly when it has checks, no error, and every check passed); its
   declared ``features`` are in the contract's order, each with the check of its name (``paged-<name>``
@@ -47,6 +49,7 @@ from ..records.secrets import env_var_allowed
 
 from .recompute import check_measured
 from .submitted import check_submitted
+from .verdicts import check_candidate, check_timed
 
 # Devices a single-host TPU slice shows to JAX, by TPU_ACCELERATOR_TYPE (v4/v5p count two
 # TensorCores per chip in the name; JAX shows one device per chip).
@@ -175,28 +178,16 @@ def _check_features(where: str, card: dict[str, Any]) -> None:
                        f"declares feature {missing[0]!r} but has no check of that name: it was not graded on it")
 
 
-def _check_correctness(correctness: dict[str, Any]) -> None:
+def _check_correctness(run: dict[str, Any]) -> None:
+    correctness = run["correctness"]
     name = correctness["measured_candidate"]
-    cards = [i for i, card in enumerate(correctness["scorecards"]) if card["candidate"] == name]
-    if not cards:
+    if not any(card["candidate"] == name for card in correctness["scorecards"]):
         raise RunError("correctness", "correctness.json", "measured_candidate",
                        f"no scorecard for the measured candidate {name!r}")
-    for i in cards:
-        card = correctness["scorecards"][i]
-        if card.get("error"):
-            raise RunError("correctness", "correctness.json", f"scorecards/{i}/error",
-                           f"{name!r} could not be graded: {card['error']}")
-        if not card["checks"]:
-            raise RunError("correctness", "correctness.json", f"scorecards/{i}/checks", f"{name!r} has no checks")
-        for j, check in enumerate(card["checks"]):
-            if not check["passed"]:
-                raise RunError("correctness", "correctness.json", f"scorecards/{i}/checks/{j}/passed",
-                               f"{name!r} failed check {check['name']!r}: {check['detail']}")
-        if not card["passed"]:
-            raise RunError("correctness", "correctness.json", f"scorecards/{i}/passed",
-                           f"{name!r} is marked as not passed")
+    check_candidate(correctness, name, name)
     for i, card in enumerate(correctness["scorecards"]):
         _check_scorecard(i, card)
+    check_timed(run)
     _check_power(correctness["power"])
 
 
@@ -217,7 +208,7 @@ def _check_power(power: dict[str, Any] | None) -> None:
                 value = entry.get(key)
                 if value is not None and not (isinstance(value, int) and not isinstance(value, bool) and value >= 0):
                     raise RunError("power-format", "correctness.json", f"{where}/{key}", "must be a count")
-            for key in ("kind", "expected"):
+            for key in ("kind", "expected", "contract"):
                 if entry.get(key) is not None and not isinstance(entry[key], str):
                     raise RunError("power-format", "correctness.json", f"{where}/{key}", "must be a string")
             checks = entry.get("intended_checks")
@@ -369,7 +360,7 @@ def accept(run: dict[str, Any], *, allow_interpret: bool = False,
     if grader_power:  # the grader's power, measured on a CPU: no kernel is timed or graded as the record's
         _check_power(run["correctness"]["power"])
         return Accepted(env["run_id"], run, interpret, expected)
-    _check_correctness(run["correctness"])
+    _check_correctness(run)
     _check_benchmark(benchmark, set(run["manifest"]["files"]))
     if benchmark["source"] == "measured":
         check_measured(run, read_file)

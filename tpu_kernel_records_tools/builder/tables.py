@@ -2,7 +2,8 @@
 
 Row layouts:
 
-* benchmark: one row per case; a ``masks-*`` case's mask in ``model``, ``window``, ``softcap``,
+* benchmark: one row per case, with the verdict of the scorecard of the implementation it timed
+  (``graded_verdict``, ``builder.verdicts``); a ``masks-*`` case's mask in ``model``, ``window``, ``softcap``,
   ``segments``, ``sinks``, a ``paged-decode`` case's cache in ``page_size``, ``pages``, ``pool_pages``
   (null elsewhere, and for runs from before them); ``compiled_tpu`` (a struct, null where the case has no compiled TPU
   program or it could not be compiled: ``compiled_tpu_reason``) holds the TPU compiler's facts,
@@ -12,7 +13,7 @@ Row layouts:
   one: the pair against the XLA case where there is one, else the first in the raw run.
 * correctness: ``row_kind="check"``: one row per candidate x check (a candidate that could not be
   graded gets one row with ``check=null``); ``row_kind="power"``: one row per candidate of the
-  grader-power summary (``trials``, ``rejected``, ``rejected_by``, ``expected``, ``intended_checks``,
+  grader-power summary (``contract``, ``trials``, ``rejected``, ``rejected_by``, ``expected``, ``intended_checks``,
   ``rejected_by_intended``; its other fields in the struct ``power_detail``), the summary's settings
   and totals in the struct ``power_settings``. Keys without a field of their own go to ``other`` as
   ``{name, json}`` (canonical JSON), so nothing of the summary is lost.
@@ -34,9 +35,10 @@ from ..records.rawio import utc_time
 from ..records.schema import CONFIG_NAMES, FEATURES
 
 from .rules import Accepted
+from .verdicts import graded_verdict
 
 ROW_GROUP_SIZE = 64
-POWER_COLUMNS = ("candidate", "kind", "trials", "rejected", "rejected_by", "expected", "intended_checks",
+POWER_COLUMNS = ("candidate", "kind", "contract", "trials", "rejected", "rejected_by", "expected", "intended_checks",
                  "rejected_by_intended")
 
 
@@ -104,7 +106,9 @@ def benchmark_rows(acc: Accepted) -> list[dict[str, Any]]:
         rows.append({
             **_common(acc), "device_kind": env["device_kind"], "device_count": env["device_count"],
             "profile": bench["profile"],
-            **{k: case[k] for k in ("case_id", "scope", "implementation", "seq_len")}, **case["shape"],
+            **{k: case[k] for k in ("case_id", "scope", "implementation")},
+            "graded_verdict": graded_verdict(acc.run, case["implementation"]), "seq_len": case["seq_len"],
+            **case["shape"],
             **{k: case[k] for k in ("dtype", "causal", "padded")}, **mask_columns(case),
             **{k: case[k] for k in ("devices_used", "status", "error")},
             "warmups": bench["warmups"], "samples_per_case": bench["samples_per_case"],
@@ -161,7 +165,8 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
                 **base, **empty_check, "row_kind": "power", "candidate": entry["candidate"],
                 "kind": entry.get("kind"), "measured": entry["candidate"] == doc["measured_candidate"],
                 "candidate_passed": None, "score": None, "max_score": None, "candidate_error": None,
-                "isolation": None, "memory_limit": None, "features": None, "programs": None, "contract": None,
+                "isolation": None, "memory_limit": None, "features": None, "programs": None,
+                "contract": entry.get("contract", "attention"),  # sweeps before paged ones graded dense only
                 "trials": entry.get("trials"), "rejected": entry.get("rejected"),
                 "rejected_by": [{"check": name, "count": by[name]} for name in sorted(by)],
                 "expected": entry.get("expected"), "intended_checks": entry.get("intended_checks"),

@@ -4,7 +4,9 @@
 (fresh shapes and inputs per seed at ``level``, see ``grading.problems``) with the same checks and
 the same tolerance as a scorecard: each power trial *is* a full scorecard. Correct candidates (kind
 reference, kernel, correct-variant) should never be rejected; each known-bad one should be rejected on
-every seed, ideally by the check built for its bug.
+every seed, ideally by the check built for its bug. The paged built-ins (``grading.paged_candidates``) are
+graded on the paged rubric (``grading.paged_checks``) beside the dense ones; each entry names its
+``contract``, and the totals are also kept per contract (``by_contract``).
 
 It also reports the evidence for the tolerance constants: for each candidate and each
 (forward | gradient, dtype) the largest error/tolerance ratio seen, the smallest ``k`` that would have
@@ -31,8 +33,10 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..grading import checks as C
-from ..grading.candidates import BUILTIN, Candidate, CandidateLoadError, resolve
+from ..grading.candidates import BUILTIN, PAGED_BUILTIN, Candidate, CandidateLoadError, resolve
 from ..grading.feature_checks import FEATURE_CHECKS
+from ..grading.paged_checks import PAGED_CHECKS, PAGED_FEATURE_CHECKS
+from ..grading.paged_slots import draw_paged_slots
 from ..grading.problems import QUICK, draw_shapes
 from ..grading.rubric import grade_seeds
 from ..grading.tolerance import POLICY, needed_floor, needed_k
@@ -41,9 +45,10 @@ CORRECT_KINDS = ("reference", "kernel", "correct-variant")
 
 
 def default_candidates() -> list[str]:
-    """Every built-in: the correct ones (kernels only where they import) and every known-bad one."""
+    """Every built-in of both contracts, dense then paged: the correct ones (kernels only where they import)
+    and every known-bad one."""
     names = []
-    for name, cand in BUILTIN.items():
+    for name, cand in [*BUILTIN.items(), *PAGED_BUILTIN.items()]:
         if cand.kind == "kernel":
             try:
                 cand.load()
@@ -179,7 +184,8 @@ def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int, l
         s = stats[cand.name]
         expected_pass = cand.kind in CORRECT_KINDS
         entry = {
-            "candidate": cand.name, "kind": cand.kind, "trials": s["trials"], "rejected": s["rejected"],
+            "candidate": cand.name, "kind": cand.kind, "contract": cand.contract, "trials": s["trials"],
+            "rejected": s["rejected"],
             "rejected_by": dict(sorted(s["rejected_by"].items())),
             "expected": "pass" if expected_pass else "reject" if cand.kind == "known-bad" else "unknown",
             "intended_checks": list(cand.catches),
@@ -192,9 +198,7 @@ def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int, l
             "min_k_to_pass_tolerances": _num(min(s["k_to_pass"])) if s["k_to_pass"] else None,
         }
         entries.append(entry)
-    correct = [e for e in entries if e["expected"] == "pass"]
-    bad = [e for e in entries if e["expected"] == "reject"]
-    return {
+    summary = {
         "seeds": seeds,
         "first_seed": first_seed,
         "level": level,
@@ -203,11 +207,34 @@ def _summary(cands: list[Candidate], stats: dict, seeds: int, first_seed: int, l
         "checks": [spec.name for spec in (*C.CHECKS, *FEATURE_CHECKS.values(), C.FINITE)],
         "policy": POLICY.to_dict(),
         "candidates": entries,
-        "false_rejects": sum(e["rejected"] for e in correct),
-        "correct_trials": sum(e["trials"] for e in correct),
-        "missed_bad": sum(e["trials"] - e["rejected"] for e in bad),
-        "bad_trials": sum(e["trials"] for e in bad),
+        **_totals(entries),
+        "by_contract": {contract: _totals([e for e in entries if e["contract"] == contract])
+                        for contract in dict.fromkeys(e["contract"] for e in entries)},
     }
+    if "paged" in summary["by_contract"]:
+        summary["paged_shapes"] = _paged_shapes(seeds, first_seed, level)
+        summary["paged_checks"] = [spec.name for spec in (*PAGED_CHECKS, *PAGED_FEATURE_CHECKS.values(), C.FINITE)]
+    return summary
+
+
+def _totals(entries: list[dict]) -> dict[str, int]:
+    """False rejects of the correct entries and misses of the known-bad ones, with their trials."""
+    correct = [e for e in entries if e["expected"] == "pass"]
+    bad = [e for e in entries if e["expected"] == "reject"]
+    return {"false_rejects": sum(e["rejected"] for e in correct), "correct_trials": sum(e["trials"] for e in correct),
+            "missed_bad": sum(e["trials"] - e["rejected"] for e in bad), "bad_trials": sum(e["trials"] for e in bad)}
+
+
+def _paged_shapes(seeds: int, first_seed: int, level: str) -> list[dict]:
+    """Every paged slot graded (``grading.paged_slots``), named as ``_shapes`` names the dense ones."""
+    def row(name: str, slot) -> dict:
+        return {"name": name, **{f: getattr(slot, f) for f in ("batch", "q_len", "num_q_heads", "num_kv_heads",
+                                                               "head_dim", "page_size", "pages_per_sequence",
+                                                               "num_pages", "dtype")}}
+    if level == "quick":
+        return [row(n, slot) for n, slot in draw_paged_slots(first_seed, level).items()]
+    return [row(f"{n}@{seed}", slot) for seed in range(first_seed, first_seed + seeds)
+            for n, slot in draw_paged_slots(seed, level).items()]
 
 
 def power_markdown(power: dict) -> str:
@@ -233,16 +260,24 @@ def power_markdown(power: dict) -> str:
         f"False rejects of correct candidates: {power['false_rejects']} of {power['correct_trials']} trials. "
         f"Known-bad candidates not rejected: {power['missed_bad']} of {power['bad_trials']} trials.",
         "",
-        "| Candidate | Kind | Trials | Rejected | Rejected by (trials) | Needed k, fwd / grad | Easiest k |",
-        "|---|---|---|---|---|---|---|",
+    ]
+    if power.get("paged_shapes"):
+        by = power["by_contract"]
+        lines += [f"Paged contract (the paged rubric, {len(power['paged_shapes'])} paged shapes, page sizes "
+                  f"{sorted({s['page_size'] for s in power['paged_shapes']})}): " + "; ".join(
+                      f"{contract}: false rejects {t['false_rejects']} of {t['correct_trials']}, known-bad not "
+                      f"rejected {t['missed_bad']} of {t['bad_trials']}" for contract, t in by.items()) + ".", ""]
+    lines += [
+        "| Candidate | Contract | Kind | Trials | Rejected | Rejected by (trials) | Needed k, fwd / grad | Easiest k |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for e in power["candidates"]:
         by = ", ".join(f"{k} ({v})" for k, v in sorted(e["rejected_by"].items(), key=lambda kv: -kv[1])) or "-"
         ks = f"{_max_k(e['calibration'], 'forward')} / {_max_k(e['calibration'], 'gradient')}"
         easiest = e["min_k_to_pass_tolerances"]
         easiest = "inf" if easiest is None else f"{easiest:.3g}"
-        lines.append(f"| {e['candidate']} | {e['kind']} | {e['trials']} | {e['rejected']} | {by} | {ks} | "
-                     f"{easiest} |")
+        lines.append(f"| {e['candidate']} | {e.get('contract', 'attention')} | {e['kind']} | {e['trials']} | "
+                     f"{e['rejected']} | {by} | {ks} | {easiest} |")
     lines += ["", "Needed k: the smallest k (with the policy's floor) that passes every forward / gradient "
               "comparison of every trial; for correct candidates it must stay below the policy's k. Easiest k: "
               "the smallest k at which all tolerance comparisons of the candidate's easiest trial pass; for a "

@@ -50,6 +50,14 @@ BENCHMARK = {
                             "`submitted`, or `<impl>@<devices>` in the sharded scope; `paged-decode`: `paged-xla` "
                             "(gather-then-attend reference), `paged-pallas`, `paged-triton`, `jax-paged` (JAX's "
                             "`paged_attention`)", NEVER),
+    "graded_verdict": ("—", "the verdict of the scorecard(s) of the implementation this row timed (its "
+                            "candidate: the submission, or the registry's `grading_name`, e.g. `reference` for "
+                            "`xla`): `passed`. A run in which any timed kernel's scorecard failed, errored or is "
+                            "missing is refused at build, so no accepted row says otherwise; filter on "
+                            "`graded_verdict == \"passed\"` for graded kernels only",
+                       "no scorecard of the record grades it: a published summary (its scorecard is the card's "
+                       "transcribed claim), or an XLA reference or vendor kernel (cuDNN, "
+                       "JAX's `paged_attention`) timed for comparison and not graded in its run"),
     "seq_len": ("tokens", "the sequence length the case is named by", NEVER),
     **_SHAPE,
     "dtype": ("—", "input dtype (`bfloat16` or `float32`); logits and statistics are fp32", NEVER),
@@ -164,8 +172,9 @@ CORRECTNESS = {
     "programs": ("—", "sha256 of every exported program the grade could call", NOT_SUBMITTED),
     "contract": ("—", "the contract the candidate was graded on: `attention` (dense K/V) or `paged` "
                       "(`paged_attention` over a page table and a pool; its checks are named `paged-*`); a "
-                      "scorecard that names none (graded before paged caches existed) was graded on `attention`",
-                 _CHECK),
+                      "scorecard that names none (graded before paged caches existed) was graded on `attention`; "
+                      "a power row: the contract its candidate was swept on (sweeps before the paged built-ins "
+                      "were swept graded `attention` only)", NEVER),
     "check": ("—", "the check's name (e.g. `causal-leak`, `gradients`)", f"{_CHECK}, or a candidate that could "
                                                                           "not be loaded"),
     "passed": ("—", "the check passed", _CHECK),

@@ -20,7 +20,7 @@ the parquet files themselves, so nothing here is declared a second time.
   they existed, leaves them null. A ``paged-decode`` case fills ``page_size``, ``pages`` and
   ``pool_pages`` (and ``model``, ``window``); others leave them null. A correctness check row's
   ``contract`` is ``attention`` or ``paged`` (a scorecard naming none was graded on ``attention``);
-  a power row's is null.
+  a power row's is the contract its candidate was swept on.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ POWER_SETTINGS = _struct(
 FEATURES: dict[str, pa.Schema] = {
     "benchmark": _schema(
         **_RECORD, device_kind=_str, device_count=_int, profile=_str,
-        case_id=_str, scope=_str, implementation=_str, seq_len=_int, **_SHAPE,
+        case_id=_str, scope=_str, implementation=_str, graded_verdict=_str, seq_len=_int, **_SHAPE,
         dtype=_str, causal=_bool, padded=_bool, model=_str, window=WINDOW, softcap=_float, segments=_int,
         sinks=_bool, page_size=_int, pages=_int, pool_pages=_int, devices_used=_int,
         status=_str, error=_str, warmups=_int, samples_per_case=_int, num_samples=_int,
