@@ -57,8 +57,10 @@ def time_program(fn: Callable[..., Any], abstract_args: Sequence[Any],
                  make_inputs: Callable[[int], list[np.ndarray]], *, warmups: int, samples: int,
                  check: Callable[[int, list[np.ndarray], Any], tuple[bool, str]], entropy: str, key: str,
                  checked: int = DEFAULT_CHECKED, clock: Clock = time.perf_counter,
-                 sync: Callable[[Any], Any] = block_until_ready) -> ProgramTiming:
-    """Time ``jax.jit(fn)`` (see module doc). ``check(i, host inputs, output) -> (passed, detail)``."""
+                 sync: Callable[[Any], Any] = block_until_ready,
+                 preflight: Callable[[Any], None] | None = None) -> ProgramTiming:
+    """Time ``jax.jit(fn)`` (see module doc). ``check(i, host inputs, output) -> (passed, detail)``;
+    ``preflight(compiled)`` runs once it is compiled, before any call (it raises to stop one)."""
     timing = ProgramTiming()
     start = clock()
     lowered = jax.jit(fn).lower(*abstract_args)
@@ -66,6 +68,8 @@ def time_program(fn: Callable[..., Any], abstract_args: Sequence[Any],
     start = clock()
     compiled = lowered.compile()
     timing.compile_ms = (clock() - start) * 1e3
+    if preflight is not None:
+        preflight(compiled)
 
     def on_device(i: int) -> list[Any]:
         return sync([jax.device_put(x) for x in make_inputs(i)])

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -17,6 +18,8 @@ from typing import Sequence
 from ..cli import calibrate, contribute, plan, release, rubric
 from ..cli.exits import exit_with
 from ..bench.cases import PROFILES, SCOPES
+from ..grading import candidate_files
+from ..measure import supervise
 from ..records.schema import VERSION
 
 EXIT_STATUS = ("exit status: 0 ok; 1 refused or failed (a refused build, a verify problem, a refused publish, "
@@ -41,7 +44,11 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
                     "the environment of this machine into DIR: environment.json, correctness.json, "
                     "benchmark.json, gzipped StableHLO per case and manifest.json (sha256 of every "
                     "file), validated against the shipped JSON Schemas and written atomically. On a "
-                    "CPU, Pallas runs in interpret mode: those timings say nothing about kernel speed.")
+                    "CPU, Pallas runs in interpret mode: those timings say nothing about kernel speed. A CPU "
+                    "run (profiles cpu and tiny) is a demonstration and an interpret-mode record: it grades the "
+                    "measured kernels at the quick level, which shows that their path runs, in a few minutes "
+                    "on 2 cores (measured: docs/RUNBOOK.md); the tpu-v5e and gpu profiles grade them at the "
+                    "full level.")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="run folder to create (must not exist); default runs/<run_id>/")
     p.add_argument("--profile", choices=sorted(PROFILES),
@@ -65,6 +72,11 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--candidate-dir", type=Path, metavar="DIR",
                    help="with --candidate: the folder of a kernel that spans several files, bound read-only into "
                         "the exporter's sandbox (only the candidate file itself otherwise)")
+    candidate_files.add_arguments(p)
+    p.add_argument("--case-timeout", type=float, default=supervise.DEFAULT_CASE_BUDGET_S, metavar="SECONDS",
+                   help=f"with --candidate: seconds the submitted program may take at one timed case (compile, "
+                        f"warm-ups and samples); past it the measuring process is killed, the case refused in one "
+                        f"line and no run written (default {supervise.DEFAULT_CASE_BUDGET_S:g})")
     p.add_argument("--paged", action="store_true",
                    help="with --candidate: the kernel follows the paged contract (paged_attention); graded by the "
                         "paged rubric and timed at the profile's paged-decode cases beside the paged implementations")
@@ -78,20 +90,29 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
 
 
 def _measure(args: argparse.Namespace) -> int:
-    from ..measure.run import run_measure, run_submitted
+    from ..measure.run import RUNS_DIR, run_measure, run_submitted
 
     if args.candidate is not None or args.name is not None or args.paged:
         if not (args.candidate and args.name):
             raise ValueError("--candidate and --name go together" + (" (and --paged with them)" if args.paged else ""))
-        from ..grading import memcg
+        from ..grading import memcg, syscalls
         from ..grading.export import ProgramRefused
-        warning = memcg.warning("tpu-kernel-records measure")
-        if warning:
-            print(warning, file=sys.stderr)
+        candidate_files.apply_arguments(args)
+        if os.environ.get(supervise.STATUS_FD) is None:  # the measuring runs in a child this process watches
+            try:
+                return supervise.supervised(["measure", *args.raw_argv],
+                                            leftovers=[Path(args.out).parent if args.out else RUNS_DIR])
+            except supervise.Refused as error:
+                print(f"tpu-kernel-records measure: refused: {error}", file=sys.stderr)
+                return 1
+        for warning in (memcg.warning("tpu-kernel-records measure"), syscalls.warning("tpu-kernel-records measure")):
+            if warning:
+                print(warning, file=sys.stderr)
         try:
             out = run_submitted(args.candidate, args.name, args.out, profile=args.profile, warmups=args.warmups,
                                 samples=args.samples, seed=args.seed, level=args.level, isolation=args.isolation,
                                 progress=not args.quiet, candidate_dir=args.candidate_dir,
+                                case_budget_s=args.case_timeout,
                                 contract="paged" if args.paged else "attention")
         except ProgramRefused as error:
             print(f"tpu-kernel-records measure: refused: {error}", file=sys.stderr)
@@ -124,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the exit status (``EXIT_STATUS``)."""
-    args = build_parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser().parse_args(raw)
+    args.raw_argv = raw[raw.index(args.command) + 1:] if args.command in raw else raw
     try:
         return int(args.func(args) or 0)
     except (FileExistsError, ValueError) as error:

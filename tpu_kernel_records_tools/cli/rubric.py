@@ -27,7 +27,7 @@ from typing import Sequence
 
 from ..cli.exits import exit_with
 from ..grading.candidates import BUILTIN, PAGED_BUILTIN, CandidateSpecError, is_builtin, resolve
-from ..grading import memcg
+from ..grading import candidate_files, memcg, syscalls
 from ..grading.isolation import CHOICES, IsolationUnavailable, choose
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
@@ -54,6 +54,7 @@ def _parser() -> argparse.ArgumentParser:
                         "(at /candidate) and put first on the worker's sys.path, so its modules import each "
                         "other; a file candidate must lie inside it. Without it, only the candidate file itself "
                         "(or a module candidate's own package) is visible to the candidate, never its neighbours")
+    candidate_files.add_arguments(p)
     p.add_argument("--seed", type=int, default=0, help="seed of the fresh inputs (default 0)")
     p.add_argument("--quick", action="store_true",
                    help="grade at the quick level (small fixed shapes, for fast tests) instead of the full "
@@ -195,10 +196,11 @@ def isolation_allowed(isolation: str, cands, memory_limit_gb: float = DEFAULT_ME
     if strangers:
         print(f"tpu-kernel-rubric: warning: grading {', '.join(strangers)} without bubblewrap (--isolation process): "
               f"its code runs as this user, with this user's files and network", file=sys.stderr)
-    if any(not is_builtin(c) for c in cands) and memory_limit_gb > 0:
-        warning = memcg.warning("tpu-kernel-rubric")
-        if warning:
-            print(warning, file=sys.stderr)
+    if any(not is_builtin(c) for c in cands):
+        for warning in (memcg.warning("tpu-kernel-rubric") if memory_limit_gb > 0 else None,
+                        syscalls.warning("tpu-kernel-rubric")):
+            if warning:
+                print(warning, file=sys.stderr)
     return True
 
 
@@ -275,8 +277,9 @@ def _grade(args) -> int:
         print("tpu-kernel-rubric: name at least one --candidate (or use --list / --power)", file=sys.stderr)
         return EXIT_USAGE
     try:
+        candidate_files.apply_arguments(args)
         cands = [resolve(c, root=args.candidate_dir) for c in args.candidate]
-    except CandidateSpecError as e:
+    except (CandidateSpecError, ValueError) as e:
         print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
         return EXIT_USAGE
 

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..grading import candidate_files
 from ..grading.cpu_jit import CPU_COMPILE_OPTIONS, cpu_compile_options, jit_cpu  # noqa: F401  (re-exported)
 from ..grading.paged_candidates import PAGED_ENTRIES
 from kernel_src.contract import FEATURES, declared_features
@@ -989,6 +990,14 @@ def _load_external(spec: str, target: str, function: str) -> Callable[[], Attent
     return load
 
 
+def _refuse_links(check: Callable[[], None]) -> None:
+    """``check()`` (a ``grading.candidate_files`` check), its refusal as a :class:`CandidateSpecError`."""
+    try:
+        check()
+    except candidate_files.LinkRefused as e:
+        raise CandidateSpecError(str(e)) from None
+
+
 def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Candidate:
     """A built-in name (``BUILTIN`` or ``PAGED_BUILTIN``), ``path/to/file.py:function`` or
     ``package.module:function`` as a Candidate.
@@ -1023,5 +1032,8 @@ def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Can
         inside = os.path.realpath(os.path.expanduser(target)).startswith(root.rstrip("/") + "/")
         if names_a_file(target) and not inside:
             raise CandidateSpecError(f"candidate file {target} is not inside the candidate folder {root}")
+        _refuse_links(lambda: candidate_files.check_folder(root))
+    if names_a_file(target) and os.path.lexists(os.path.expanduser(target)):  # a missing file fails at load
+        _refuse_links(lambda: candidate_files.check_file(os.path.expanduser(target), target))
     return Candidate(spec, "external", f"External candidate {spec}.", _load_external(spec, target, function),
                      root=root)

@@ -37,6 +37,8 @@ import shutil
 import subprocess
 import sys
 
+from ..grading import candidate_files
+
 SANDBOX_UID = 65534            # the host uid a root grader's sandbox runs as ("nobody")
 TMP_LIMIT_BYTES = 512 << 20    # the worker's /tmp (its home and working directory)
 SHM_LIMIT_BYTES = 64 << 20     # /dev/shm
@@ -198,6 +200,11 @@ def _readable(folder: str, stage_dir: str) -> str:
     return copy
 
 
+def _load_error(text: str) -> Exception:
+    from ..grading.candidates import CandidateLoadError
+    return CandidateLoadError(text)
+
+
 def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candidate_file: str | None = None,
           candidate_root: str | None = None, candidate_module: str | None = None) -> Launch:
     """The launch of ``command`` inside bubblewrap with ``env`` (already allow-listed; HOME etc. are
@@ -214,6 +221,11 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
     inner_env["PYTHONDONTWRITEBYTECODE"] = "1"
     root = os.geteuid() == 0
     module_places = module_sources(candidate_module) if candidate_module and not candidate_root else []
+    for folder in [candidate_root] if candidate_root else [p for p in module_places if os.path.isdir(p)]:
+        try:  # before anything is copied: no link out of it, bounded in size
+            candidate_files.check_folder(folder, what="candidate folder" if candidate_root else "candidate package")
+        except candidate_files.LinkRefused as e:
+            raise _load_error(str(e)) from None
     sources = _bound_sources([p for p in module_places if os.path.isdir(p)])
     copies = {p: _readable(p, stage_dir) for p in module_places if root and os.path.isdir(p)}
     stage = []
@@ -253,7 +265,10 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
     fds, close_after = list(keep_fds), []
 
     def copy_in(path: str, target: str) -> None:
-        fd = os.open(path, os.O_RDONLY)
+        try:
+            fd = candidate_files.open_file(path)
+        except candidate_files.LinkRefused as e:
+            raise _load_error(str(e)) from None
         fds.append(fd)
         close_after.append(fd)
         argv.extend(["--ro-bind-data", str(fd), target])

@@ -8,7 +8,9 @@ OOM killer kills a process of the cgroup and nothing else.
 
 :func:`create` makes one child cgroup of this process's own, with ``memory.max`` (cgroup v2; swap 0, the
 whole group killed on OOM) or ``memory.limit_in_bytes`` (cgroup v1's memory controller; swap included
-where accounted) set to the limit in bytes. It needs a cgroup this process may create children in: root,
+where accounted) set to the limit in bytes. Socket buffers count too: cgroup v2 and v1 charge Unix
+sockets' to the limit; v1 keeps TCP buffers apart, bounded by ``memory.kmem.tcp.limit_in_bytes`` at
+:data:`TCP_LIMIT_BYTES` (or the limit, when lower). It needs a cgroup this process may create children in: root,
 or a cgroup v2 folder this user may write whose memory controller is enabled for its children (this
 process's cgroup or the one around it: a desktop session's app scope, a ``systemd-run --user --scope``
 shell, a container with a private cgroup). A worker joins it before it
@@ -26,6 +28,7 @@ import os
 import sys
 import time
 
+TCP_LIMIT_BYTES = 64 << 20  # cgroup v1: a worker's TCP buffers (it has no use for TCP; its filter refuses the sockets)
 KINDS = ("cgroup", "address-space", "none")  # what bounded a worker's memory (a scorecard's memory_limit)
 PREFIX = "tpu-kernel-records-worker-"
 
@@ -166,6 +169,9 @@ def create(limit_bytes: int) -> MemoryCgroup:
             else:
                 _write(path, "memory.limit_in_bytes", str(limit_bytes), required=True)
                 _write(path, "memory.memsw.limit_in_bytes", str(limit_bytes), required=False)
+                # v1 charges TCP buffers to a counter of their own, off until a limit is set (v2 counts them)
+                _write(path, "memory.kmem.tcp.limit_in_bytes", str(min(limit_bytes, TCP_LIMIT_BYTES)),
+                       required=os.path.exists(os.path.join(path, "memory.kmem.tcp.limit_in_bytes")))
             if not os.access(os.path.join(path, "cgroup.procs"), os.W_OK):
                 raise CgroupUnavailable(f"{path}/cgroup.procs is not writable")
             return MemoryCgroup(version, path, limit_bytes)

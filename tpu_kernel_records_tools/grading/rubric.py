@@ -77,6 +77,7 @@ class Scorecard:
     tampered: bool = False  # the candidate changed files the grader runs (grading.tripwire): stop grading
     isolation: str = "process"  # where its worker ran: "bubblewrap" or "process" (grading.isolation)
     memory_limit: str | None = None  # what bounded its worker's memory: grading.memcg.KINDS; None: no worker ran
+    syscall_filter: str | None = None  # what filtered its worker's system calls: grading.syscalls.KINDS
     features: tuple[str, ...] = ()  # the declared features graded on top of the base contract (contract.FEATURES)
     contract: str = "attention"  # the contract graded: "attention" or "paged" (grading.paged_checks)
 
@@ -101,6 +102,7 @@ class Scorecard:
         return {"candidate": self.candidate, "kind": self.kind, "passed": self.passed, "score": self.score,
                 "max_score": self.max_score, "error": self.error, "level": self.level,
                 "isolation": self.isolation, **({"memory_limit": self.memory_limit} if self.memory_limit else {}),
+                **({"syscall_filter": self.syscall_filter} if self.syscall_filter else {}),
                 "features": list(self.features),
                 **({"contract": self.contract} if self.contract != "attention" else {}),
                 "checks": [c.to_dict() for c in self.checks]}
@@ -174,6 +176,7 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
                 cards.append(_run_checks(runner, cand, seed, level, graded, paged, slots_from))
                 cards[-1].isolation = where
             cards[-1].memory_limit = runner.memory_limit
+            cards[-1].syscall_filter = runner.syscall_filter
     finally:
         runner.close()
     found = tripwire.changes(before, tripwire.snapshot())

@@ -129,6 +129,11 @@ class Runner:
         return self.sandbox is not None and self.sandbox.alive and self.down is None
 
     @property
+    def syscall_filter(self) -> str | None:
+        """What filtered the last worker's system calls (``grading.syscalls.KINDS``); None before one said."""
+        return self.sandbox.syscall_filter if self.sandbox is not None else None
+
+    @property
     def memory_limit(self) -> str | None:
         """What bounded the last worker's memory (``grading.memcg.KINDS``); None before one started."""
         return self.sandbox.memory_limit if self.sandbox is not None else None

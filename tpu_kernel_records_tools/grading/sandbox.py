@@ -28,8 +28,11 @@ and UTS namespaces as an unprivileged uid, on a read-only file system with a pri
 ``/tmp``, under a process-count and a file-size limit: it sees neither the grader's processes nor its
 environment, reaches no network and writes nothing outside its ``/tmp``.
 
-Only arrays come back: replies are parsed with ``grading.worker.decode_header`` (JSON header, a
-whitelist of dtypes, sizes checked against a cap), never unpickled.
+Only arrays come back, and nothing the worker says is trusted: replies are parsed with
+``grading.worker.decode_header`` (JSON header, a whitelist of dtypes, sizes checked against a cap), never
+unpickled; each reply header must match :data:`REPLY_SCHEMA` and carry the number of the request it
+answers, and a frame the grader did not ask for (written while the candidate was imported, or between
+requests) is refused. Every malformed frame is a ``ProtocolError``, which fails that candidate alone.
 """
 
 from __future__ import annotations
@@ -51,10 +54,11 @@ import tempfile
 import time
 from typing import Callable
 
+import jsonschema
 import numpy as np
 import psutil
 
-from ..grading import isolation, memcg
+from ..grading import isolation, memcg, syscalls
 from ..grading.isolation import ISOLATIONS
 from ..grading.worker import HEADER_LIMIT, ProtocolError, decode_header, encode
 
@@ -71,6 +75,21 @@ DENIED = re.compile(r"^(HF_|HUGGING|KAGGLE|AWS_|GOOGLE_|GCP_|GCLOUD|AZURE_|GITHU
 
 _BOOTSTRAP = ("import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
               "from tpu_kernel_records_tools.grading.worker import main; main(sys.argv[2:])")
+
+
+# What a worker's reply header may hold (``arrays`` is checked by decode_header); bounded, no other keys.
+_TEXT = {"type": "string", "maxLength": 20000}
+REPLY_SCHEMA = {
+    "type": "object", "additionalProperties": False,
+    "properties": {
+        "seq": {"type": "integer"}, "arrays": {"type": "array"}, "ok": {"type": "boolean"},
+        "raised": {"type": "boolean"}, "error": _TEXT,
+        "features": {"type": "array", "maxItems": 64, "items": {"type": "string", "maxLength": 100}},
+        "inputs_modified": {"type": "array", "maxItems": 16, "items": {"type": "string", "maxLength": 100}},
+        "op": {"const": "hello"}, "pid": {"type": "integer"}, "syscall_filter": {"type": "string", "maxLength": 100},
+        "why": {"type": ["string", "null"], "maxLength": 1000},
+    },
+}
 
 
 class SandboxError(Exception):
@@ -133,6 +152,7 @@ def exit_description(code: int | None) -> str:
     return f"exited with status {code}"
 
 
+_REPLY_VALIDATOR = jsonschema.Draft202012Validator(REPLY_SCHEMA)
 _LIVE: "set[Sandbox]" = set()  # held until closed: a dropped Sandbox's worker is still killed at exit
 
 
@@ -149,11 +169,14 @@ class Sandbox:
         self.candidate_root, self.candidate_module = candidate_root, candidate_module
         self.cgroup: memcg.MemoryCgroup | None = None
         self.memory_limit = "none"  # what bounds the worker's memory: memcg.KINDS
+        self.syscall_filter: str | None = None  # what filtered its system calls: syscalls.KINDS (said at hello)
+        self.syscall_filter_why: str | None = None  # why none, in one line
         self._oom_kills = 0
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None  # set once the worker is seen dead
         self.closed = False
         self.grader_s = 0.0  # seconds of the grader's own work during the last request
+        self._seq = 0  # the number of the last request sent
         self._dir = None
 
     # -- life cycle -------------------------------------------------------------------------------
@@ -205,9 +228,13 @@ class Sandbox:
         os.set_blocking(self._w, False)
 
     def wait_ready(self, timeout_s: float = STARTUP_LIMIT_S) -> None:
-        header, _ = self._receive(time.monotonic() + timeout_s, 0)
+        header, _ = self._receive(time.monotonic() + timeout_s, 0, seq=None)
         if header.get("op") != "hello":
             raise ProtocolError("the worker did not say hello")
+        said = header.get("syscall_filter")
+        self.syscall_filter = said if said in syscalls.KINDS else "none"
+        why = header.get("why")
+        self.syscall_filter_why = why[:300] if isinstance(why, str) else None
 
     def close(self) -> None:
         """Kill the worker and every process it started (also those that left its session); reap them."""
@@ -255,7 +282,11 @@ class Sandbox:
         self.grader_s = 0.0
         if self.closed or self.proc is None:
             raise WorkerGone("the worker was already stopped")
-        self._send(encode(header, arrays), deadline)
+        if self._pending():
+            self.close()
+            raise ProtocolError("the worker wrote a frame no request asked for")
+        self._seq += 1
+        self._send(encode(dict(header, seq=self._seq), arrays), deadline)
         if while_waiting is not None:
             begin = time.monotonic()
             try:
@@ -264,7 +295,14 @@ class Sandbox:
                 pass
             self.grader_s = time.monotonic() - begin
             deadline += self.grader_s
-        return self._receive(deadline, reply_limit_bytes)
+        return self._receive(deadline, reply_limit_bytes, seq=self._seq)
+
+    def _pending(self) -> bool:
+        """Whether the worker has written something the grader has not asked for (a dead worker's closed
+        pipe is not that: the request finds it gone)."""
+        poller = select.poll()
+        poller.register(self._r, select.POLLIN)
+        return any(event & select.POLLIN for _, event in poller.poll(0)) and self.proc.poll() is None
 
     def _expired(self):
         self.close()
@@ -323,19 +361,33 @@ class Sandbox:
                 raise self._gone()  # exited; a descendant may still hold the pipe open
         return buf
 
-    def _receive(self, deadline: float, limit: int) -> tuple[dict, list]:
+    def _receive(self, deadline: float, limit: int, *, seq: int | None) -> tuple[dict, list]:
+        """One reply frame, which must answer request ``seq`` (None: the hello, before any request)."""
         poller = select.poll()
         poller.register(self._r, select.POLLIN)
         (length,) = struct.unpack("<Q", self._read(8, deadline, poller))
         if length > HEADER_LIMIT:
             raise ProtocolError(f"a reply header of {length} bytes")
-        header, specs = decode_header(bytes(self._read(length, deadline, poller)))
+        header, specs = parse_reply(bytes(self._read(length, deadline, poller)), seq)
         total = sum(nbytes for _, _, nbytes in specs)
         if total > max(limit, HEADER_LIMIT):
             raise ProtocolError(f"a reply of {total} bytes of arrays (at most {limit} expected)")
         arrays = [np.frombuffer(self._read(nbytes, deadline, poller), dtype).reshape(shape)
                   for dtype, shape, nbytes in specs]
         return header, arrays
+
+
+def parse_reply(head: bytes, seq: int | None) -> tuple[dict, list]:
+    """A reply header from a worker, checked: JSON (``decode_header``), :data:`REPLY_SCHEMA`, and the
+    answer to request ``seq`` (None: the hello). Raises ``ProtocolError`` and nothing else."""
+    header, specs = decode_header(head)
+    problem = next(iter(_REPLY_VALIDATOR.iter_errors(header)), None)
+    if problem is not None:
+        where = "/".join(map(str, problem.absolute_path)) or "the header"
+        raise ProtocolError(f"a reply whose {where[:40]} is malformed ({problem.validator})")
+    if header.get("seq") != seq:
+        raise ProtocolError("a reply to a request never made (or a second reply to one)")
+    return header, specs
 
 
 def load_request(candidate) -> dict:

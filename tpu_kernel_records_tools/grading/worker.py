@@ -4,9 +4,11 @@
 environment, an empty temporary working directory and home, closed stdin, and two pipe file
 descriptors. The worker then
 
-1. lowers its own limits, soft and hard (address space ``RLIMIT_AS``, no core dumps; under bubblewrap
-   also ``RLIMIT_NPROC`` and ``RLIMIT_FSIZE``) before importing JAX,
-2. answers ``hello`` once JAX is imported (the grader does not count that start against the candidate),
+1. lowers its own limits, soft and hard (address space ``RLIMIT_AS``, open files ``RLIMIT_NOFILE``, no
+   core dumps; under bubblewrap also ``RLIMIT_NPROC`` and ``RLIMIT_FSIZE``), joins a fresh session
+   keyring and installs its system-call filter (``grading.syscalls``) before importing JAX,
+2. answers ``hello`` once JAX is imported, saying whether the filter holds (the grader does not count
+   that start against the candidate; nothing of the candidate has run yet, so the grader believes it),
 3. loads the candidate by its spec (a built-in name through ``grading.candidates.resolve``,
    ``/abs/path.py:function`` or ``module:function``; or a function pickled by reference), after
    adding ``grading.candidates.CPU_COMPILE_OPTIONS`` to ``XLA_FLAGS`` when the grader computes on a CPU
@@ -30,10 +32,12 @@ from __future__ import annotations
 
 import json
 import os
+import reprlib
 import struct
 import sys
 
 HEADER_LIMIT = 1 << 20  # bytes: a JSON header larger than this is a protocol violation
+OPEN_FILES = 4096       # RLIMIT_NOFILE of a worker
 DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                "float16", "bfloat16", "float32", "float64")
 
@@ -47,7 +51,7 @@ def dtype_of(name: str):
     import numpy as np
 
     if name not in DTYPE_NAMES:
-        raise ProtocolError(f"unsupported dtype {name!r}")
+        raise ProtocolError(f"unsupported dtype {name!r:.60}")
     if name == "bfloat16":
         import jax.numpy as jnp
         return np.dtype(jnp.bfloat16)
@@ -70,20 +74,26 @@ def _bytes_view(a) -> memoryview:
     return memoryview(a.reshape(-1).view(np.uint8))
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
 def decode_header(head: bytes) -> tuple[dict, list[tuple[object, tuple[int, ...], int]]]:
-    """Parse a header; returns it and ``(dtype, shape, nbytes)`` per announced array."""
+    """Parse a header; returns it and ``(dtype, shape, nbytes)`` per announced array. Anything that is not
+    a JSON object with a well-formed ``arrays`` list (bad UTF-8, ``NaN``, nesting deep enough to exhaust
+    the parser's recursion, a shape of the wrong type) is a :class:`ProtocolError`, never another error."""
     try:
-        header = json.loads(head.decode("utf-8", "replace"))
-    except ValueError as e:
-        raise ProtocolError(f"header is not JSON ({e})") from None
+        header = json.loads(head.decode("utf-8"), parse_constant=_no_constant)
+    except (ValueError, RecursionError, MemoryError) as e:
+        raise ProtocolError(f"header is not JSON ({type(e).__name__}: {str(e)[:100]})") from None
     if not isinstance(header, dict) or not isinstance(header.get("arrays", []), list):
         raise ProtocolError("header is not a JSON object with an 'arrays' list")
     specs = []
     for spec in header.get("arrays", []):
-        if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list) or \
-                not all(type(n) is int and 0 <= n < 1 << 40 for n in spec["shape"]) or len(spec["shape"]) > 8:
-            raise ProtocolError(f"bad array spec {str(spec)[:100]}")
-        dtype = dtype_of(str(spec.get("dtype")))
+        if not isinstance(spec, dict) or not isinstance(spec.get("shape"), list) or len(spec["shape"]) > 8 or \
+                not all(type(n) is int and 0 <= n < 1 << 40 for n in spec["shape"]):
+            raise ProtocolError(f"bad array spec {reprlib.repr(spec)}")
+        dtype = dtype_of(spec.get("dtype") if isinstance(spec.get("dtype"), str) else reprlib.repr(spec.get("dtype")))
         count = 1
         for n in spec["shape"]:
             count *= n
@@ -125,13 +135,13 @@ def _send(fd: int, header: dict, arrays=()) -> None:
 
 def _limit(memory_bytes: int, processes: int = 0, file_bytes: int = 0) -> None:
     """Lower soft and hard limits together (the candidate cannot raise them back): no core dumps,
-    address space ``memory_bytes``, ``processes`` threads and processes of this uid (counted over the
+    :data:`OPEN_FILES` open files (sockets and pipes among them), address space ``memory_bytes``, ``processes`` threads and processes of this uid (counted over the
     sandbox's own user namespace under bubblewrap), files of at most ``file_bytes``; 0 leaves one as is."""
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     for limit, value in ((resource.RLIMIT_AS, memory_bytes), (resource.RLIMIT_NPROC, processes),
-                         (resource.RLIMIT_FSIZE, file_bytes)):
+                         (resource.RLIMIT_FSIZE, file_bytes), (resource.RLIMIT_NOFILE, OPEN_FILES)):
         if value > 0:
             _, hard = resource.getrlimit(limit)
             if hard != resource.RLIM_INFINITY:
@@ -278,8 +288,10 @@ def main(argv: list[str] | None = None) -> None:
     fd_in, fd_out, memory = int(argv[0]), int(argv[1]), int(argv[2])
     processes, file_bytes = (int(argv[3]), int(argv[4])) if len(argv) >= 5 else (0, 0)
     _limit(memory, processes, file_bytes)
+    from ..grading.syscalls import confine
+    syscall_filter, why = confine()  # before JAX starts a thread and long before the candidate loads
     server = _Server()
-    _send(fd_out, {"op": "hello", "pid": os.getpid()})
+    _send(fd_out, {"op": "hello", "pid": os.getpid(), "syscall_filter": syscall_filter, "why": why})
     while True:
         try:
             header, arrays = _receive(fd_in)
@@ -299,7 +311,8 @@ def main(argv: list[str] | None = None) -> None:
                 reply, out = {"ok": False, "error": f"unexpected request {header.get('op')!r}"}, []
         except BaseException as e:  # the candidate's exception is reported, never fatal to the worker
             reply, out = {"ok": False, "raised": True, "error": _first_line(e)}, []
+        seq = header.get("seq")
         try:
-            _send(fd_out, reply, out)
+            _send(fd_out, {**reply, "seq": seq}, out)
         except (TypeError, ValueError) as e:  # e.g. a NaN where JSON needs a number
-            _send(fd_out, {"ok": False, "error": f"unreportable result: {_first_line(e)}"})
+            _send(fd_out, {"ok": False, "error": f"unreportable result: {_first_line(e)}", "seq": seq})

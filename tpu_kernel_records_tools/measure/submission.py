@@ -43,6 +43,7 @@ from ..bench.submitted import roofline_floor_ms, time_program
 from ..grading.export import (PagedSignature, ProgramAttention, ProgramPagedAttention, ProgramRefused, Signature,
                               load_program, program_path)
 from ..grading.exporter import export_declared
+from .supervise import DEFAULT_CASE_BUDGET_S, announce
 from .timed_checks import check_output, check_paged_output, check_rng
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,63}$")
@@ -186,10 +187,53 @@ def _fresh_inputs(case: Case, entropy: str):
     return make
 
 
+def device_memory_bytes(device=None) -> int | None:
+    """Bytes a program may use on ``device`` (default the first): the runtime's ``bytes_limit`` on an
+    accelerator, the memory available now on a CPU; None where neither is known."""
+    device = device or jax.devices()[0]
+    try:
+        limit = (device.memory_stats() or {}).get("bytes_limit")
+    except Exception:  # noqa: BLE001 - a backend without memory statistics
+        limit = None
+    if limit:
+        return int(limit)
+    if device.platform == "cpu":
+        import psutil
+        return int(psutil.virtual_memory().available)
+    return None
+
+
+def program_bytes(compiled) -> int | None:
+    """What a compiled program holds while it runs, by XLA's memory analysis: its arguments, outputs,
+    temporaries and code, less the outputs that alias arguments; None where XLA does not say."""
+    try:
+        stats = compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - a backend without the analysis
+        return None
+    if stats is None:
+        return None
+    sizes = [getattr(stats, f"{name}_size_in_bytes", 0) or 0
+             for name in ("argument", "output", "temp", "generated_code")]
+    return int(sum(sizes) - (getattr(stats, "alias_size_in_bytes", 0) or 0))
+
+
+def fits_device(compiled, case_id: str, available: int | None = None) -> None:
+    """Raise ``ProgramRefused`` when the submitted program compiled for ``case_id`` needs more memory than
+    the device has (``available`` bytes, default :func:`device_memory_bytes`), before it runs."""
+    needed, available = program_bytes(compiled), device_memory_bytes() if available is None else available
+    if needed is not None and available is not None and needed > available:
+        raise ProgramRefused(f"the submitted program at case {case_id} needs {needed / (1 << 30):.2f} GiB "
+                             f"(XLA's memory analysis), more than the device's {available / (1 << 30):.2f} GiB; "
+                             f"no run was written")
+
+
 def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dict[str, Any], digests: dict[str, str],
-                    *, warmups: int, samples: int, seed: int, entropy: str, device_kind: str, progress: bool) -> None:
+                    *, warmups: int, samples: int, seed: int, entropy: str, device_kind: str, progress: bool,
+                    case_budget_s: float | None = None) -> None:
     """Add one timed case per template (the submitted program at its shape) and its pairs to ``bench``: its
-    inputs, checked calls and checked rows follow from ``entropy``; ``seed`` sets the ratios' bootstrap."""
+    inputs, checked calls and checked rows follow from ``entropy``; ``seed`` sets the ratios' bootstrap.
+    Each case is announced to the supervising process with ``case_budget_s`` (``measure.supervise``), and its
+    compiled program must fit the device's memory (``ProgramRefused`` otherwise, before it runs)."""
     from tqdm.auto import tqdm
 
     by_group: dict[tuple, list[str]] = {}
@@ -217,8 +261,10 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
         record.update(case_id=case_id, implementation=SUBMITTED, program_sha256=digests[sig.key],
                       interpret=jax.default_backend() == "cpu",  # no kernel speed on a CPU
                       roofline_floor_ms=roofline_floor_ms(case.flops, case.bytes_moved, device_kind))
+        announce(case_id, case_budget_s or DEFAULT_CASE_BUDGET_S)
         try:
             timing = time_program(fn, case.abstract_args, _fresh_inputs(case, entropy), warmups=warmups,
+                                  preflight=lambda compiled, case_id=case_id: fits_device(compiled, case_id),
                                   samples=samples, entropy=entropy, key=case_id,
                                   check=lambda i, host, out: (check_paged_output if paged else partial(
                                       check_output, backward=backward))(sig, host, out,
@@ -227,8 +273,12 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
                           transfer_ms=timing.transfer_ms, output_checks=timing.output_checks)
             record.update(stats.summarize(timing.samples_ms))
             record.update(roofline.rates(case.flops, case.bytes_moved, record["median_ms"], device_kind, 1))
+        except ProgramRefused:
+            raise
         except Exception as error:  # noqa: BLE001 - recorded, and the builder refuses the run
             record.update(status="failed", error=f"{type(error).__name__}: {error}"[:2000], output_checks=[])
+        finally:
+            announce("", 0)
         bench.cases.append(record)
         for other in by_group.get((case_id,) if paged else (case.scope, case.seq_len, case.shape["num_q_heads"]), []):
             ratio, low, high = (stats.ratio_of_medians(record["samples_ms"], _by_id(bench, other)["samples_ms"],
