@@ -10,7 +10,7 @@ import pytest
 from tpu_kernel_records_tools.records import rawio
 from tpu_kernel_records_tools.grading.candidates import BUILTIN
 from tpu_kernel_records_tools.cli.rubric import main
-from tpu_kernel_records_tools.grading import memcg
+from tpu_kernel_records_tools.grading import memcg, syscalls
 
 
 def _valid(doc):
@@ -31,11 +31,12 @@ def test_passing_candidate_exits_0_and_writes_json(tmp_path, capsys):
     doc = json.loads(out.read_text())
     assert [c["candidate"] for c in doc["scorecards"]] == ["reference"]
     assert set(doc["scorecards"][0]) == {"candidate", "kind", "passed", "score", "max_score", "error", "level",
-                                         "isolation", "memory_limit", "features", "checks"}
+                                         "isolation", "memory_limit", "syscall_filter", "features", "checks"}
     assert doc["scorecards"][0]["features"] == ["sinks"]
     assert doc["scorecards"][0]["isolation"] == "process"  # a built-in, under --isolation auto
     assert doc["scorecards"][0]["memory_limit"] == ("cgroup" if memcg.unavailable_reason() is None else "address-space")
     assert doc["scorecards"][0]["level"] == "quick"
+    assert doc["scorecards"][0]["syscall_filter"] == ("seccomp" if syscalls.warning("x") is None else "none")
     assert set(doc["scorecards"][0]["checks"][0]) == {"name", "passed", "points", "max_points", "detail",
                                                       "error", "tolerance", "baseline_error"}
     _valid(doc)

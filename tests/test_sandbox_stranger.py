@@ -430,3 +430,10 @@ def test_a_program_larger_than_the_device_is_refused_before_it_runs():
     with pytest.raises(ProgramRefused, match="needs .* GiB .*more than the device's"):
         submission.fits_device(compiled, "case", available=needed - 1)
     assert submission.device_memory_bytes() > 0
+
+
+def test_the_records_name_exactly_the_kinds_of_syscall_filter():
+    from tpu_kernel_records_tools.records import rawio
+
+    scorecard = rawio.load_schema("correctness")["$defs"]["scorecard"]["properties"]["syscall_filter"]
+    assert scorecard["enum"] == list(syscalls.KINDS)
