@@ -71,6 +71,19 @@ def _return_compile_memory(request):
         pass
 
 
+@pytest.fixture(scope="session")
+def honest_submission(tmp_path_factory):
+    """One tiny-profile run of the honest submitted kernel ``tests/submitted/pure_jax.py`` (measured once per
+    session: exported in bubblewrap, graded at the quick level, timed); its folder. For slow tests only."""
+    from pathlib import Path
+
+    from tpu_kernel_records_tools.measure.run import run_submitted
+
+    here = Path(__file__).parent / "submitted"
+    return run_submitted(f"{here / 'pure_jax.py'}:attention", "pure-jax", tmp_path_factory.mktemp("submitted") / "pure-jax",
+                         profile="tiny", level="quick", progress=False, candidate_dir=here)
+
+
 @pytest.fixture
 def attention_inputs():
     """Factory ``(batch, q_len, kv_len, q_heads, kv_heads, head_dim, dtype=fp32, seed=0) -> (q, k, v, do)``."""

@@ -143,6 +143,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                                               for f in files]})
         if rest[0] == "commit":
             return self._commit(rest[1], query, body)
+        if rest[0] in ("commits", "tree") and hub.resolve(rest[1]) is None:
+            return self._send(404, {"error": "Invalid rev id"}, {"X-Error-Code": "RevisionNotFound"})
         if rest[0] == "commits":
             return self._send(200, [{"id": c["id"], "authors": [], "date": DATE, "title": c["title"],
                                      "message": c["message"]} for c in hub.history(rest[1])])

@@ -20,6 +20,7 @@ from tpu_kernel_records_tools.builder.publish import HUB_STATUS
 from tpu_kernel_records_tools.cli import main as commands
 from tpu_kernel_records_tools.contribute import review as R
 from tpu_kernel_records_tools.contribute.hub import client
+from tpu_kernel_records_tools.grading import isolation
 
 TOKEN = "hf_" + "StandInSubmitToken" * 2
 
@@ -239,3 +240,52 @@ def test_a_missing_repository_and_a_missing_token_are_one_line(env, capsys, tmp_
         code, _, err = _submit(env, capsys, hub, run_dir)
         assert hub.requests == []  # refused before any network access
     assert code == HUB_STATUS["unauthorized"] and "hf auth login" in _one_line(err)
+
+
+def _documented(command: str) -> list[list[str]]:
+    from doc_blocks import SHELL, blocks, shell_commands
+
+    return [argv for block in blocks(SHELL) for argv in shell_commands(block) if argv[:2] == ["tpu-kernel-records", command]]
+
+
+def test_the_documented_submit_and_review_commands_run_as_written(built, env, capsys, tmp_path):
+    """Every submit and review command the guides show, against the stand-in: the repository id, the run
+    folder and the pull request's number put in (and --allow-interpret: the run is a synthetic CPU one)."""
+    submits, reviews = _documented("submit"), _documented("review")
+    assert len(submits) >= 3 and len(reviews) >= 3 and any("--build" in argv for argv in reviews)
+    ws = Path(shutil.copytree(built, tmp_path / "ws"))
+    run_dir = testing.write(tmp_path / "runs", "synthetic-documented")
+
+    def filled(argv: list[str], number: int | None) -> list[str]:
+        out = [REPO_ID if previous == "--repo-id" else str(number) if previous == "--pr" else arg
+               for previous, arg in zip([None, *argv], argv)][1:]
+        return [*out[:1], str(run_dir), *out[2:]] if out[0] == "submit" else [*out, "--data", str(ws / "data")]
+
+    with StandInHub() as hub:
+        env.setenv("HF_ENDPOINT", hub.url)
+        for argv in submits:
+            assert commands.main([*filled(argv, None), "--allow-interpret"]) == 0, capsys.readouterr().err
+        for argv in reviews:
+            assert commands.main([*filled(argv, len(hub.discussions)), "--allow-interpret"]) == 0, capsys.readouterr()
+        assert hub.discussions[-1]["comments"]  # the documented --comment posted its verdict
+    assert (ws / "data" / "raw" / "synthetic-documented").is_dir()
+
+
+@pytest.mark.slow  # measures a submitted kernel (conftest's honest_submission) and regrades it twice
+@pytest.mark.skipif(isolation.unavailable_reason() is not None, reason="bubblewrap cannot run here")
+def test_a_submitted_kernel_is_regraded_on_a_new_seed_and_becomes_a_leaderboard_row(honest_submission, built, env,
+                                                                                     capsys, tmp_path):
+    ws = Path(shutil.copytree(built, tmp_path / "ws"))
+    seed = json.loads((honest_submission / "correctness.json").read_text())["seed"]
+    with StandInHub() as hub:
+        assert _submit(env, capsys, hub, honest_submission)[0] == 0
+        code, out, err = _review(env, capsys, hub, ws, "--pr", "1", "--build", "--json")
+        assert code == 0, err
+        (verdict,) = json.loads(out)["verdicts"]
+        regraded = verdict["regrade"]
+        assert verdict["accepted"] and regraded["slots_from"] == seed and regraded["seed"] != seed
+        assert regraded["score"] == regraded["max_score"] > 0 and regraded["failed"] == []
+        code, out, err = _review(env, capsys, hub, ws, "--pr", "1", "--workers", "1")  # the same, as a Dask task
+        assert code == 0 and out.startswith("#1 pure-jax: accepted") and "regraded on seed" in out, err
+    rows = pq.read_table(ws / "data" / "benchmark").to_pylist()
+    assert [r["implementation"] for r in rows if r["record_id"] == honest_submission.name].count("submitted") == 1
