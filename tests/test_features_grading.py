@@ -16,7 +16,8 @@ from tpu_kernel_records_tools.grading import oracle
 from tpu_kernel_records_tools.grading.feature_checks import FEATURE_CHECKS, feature_problem
 from tpu_kernel_records_tools.grading.rubric import checks_for
 from tpu_kernel_records_tools.grading.runner import Runner
-from tpu_kernel_records_tools.grading.slots import draw_feature_slots
+from tpu_kernel_records_tools.grading.candidates import _blocks_skipped
+from tpu_kernel_records_tools.grading.slots import BLOCK_SIZES, draw_feature_slots
 from kernel_src import contract
 from kernel_src.reference import reference_attention
 
@@ -207,6 +208,44 @@ def test_the_segment_slots_probe_what_the_issue_lists(seed):
     equal = ps["segments/equal"]
     assert len(np.unique(equal.q_segments)) == 1 and np.array_equal(np.unique(equal.q_segments),
                                                                     np.unique(equal.kv_segments))
+
+
+def _packed_cache_problems(level: str, seed: int) -> tuple:
+    if level == "full":
+        return _problems(seed)["segments/chunk"], _problems(seed)["segments/decode"]
+    ctx = C.Context(None, seed, level=level)
+    return tuple(feature_problem(ctx, np.random.default_rng([seed, n]), f"segments/{name}")
+                 for n, name in enumerate(("chunk", "decode")))
+
+
+@pytest.mark.parametrize("level, seed", [("quick", 0), *(("full", s) for s in SEEDS)])
+def test_the_packed_cache_slots_catch_a_block_skip_decided_from_one_key(level, seed):
+    """Issue 51: chunked prefill and decoding over a packed cache, the documents before the queries' only among
+    the keys, a document starting 1-3 keys past every block size that fits; whichever block size (16-512) and
+    whichever key decides (first or last), skipping the blocks whose deciding key's id no query has hides a key
+    that some row sees, in one of the two slots."""
+    chunk, decode = _packed_cache_problems(level, seed)
+    lk, lq = chunk.k.shape[1], chunk.q.shape[1]
+    assert lq < lk and chunk.causal and chunk.ct is not None and chunk.lengths is None
+    for q_ids, kv_ids in zip(chunk.q_segments, chunk.kv_segments):
+        assert np.array_equal(q_ids, kv_ids[lk - lq:]) and not np.isin(kv_ids[:lk - lq], q_ids).all()
+        starts = np.flatnonzero(np.diff(kv_ids)) + 1
+        for size in BLOCK_SIZES:
+            assert size + 3 >= lk - lq or ((starts > size) & (starts <= size + 3)).any(), (size, starts)
+    assert decode.q.shape[1] < decode.k.shape[1] and decode.lengths is not None
+    for q_ids, kv_ids, n in zip(decode.q_segments, decode.kv_segments, decode.lengths):
+        assert (q_ids == kv_ids[n - 1]).all() and not np.isin(kv_ids[n:], kv_ids[:n]).any() and n < len(kv_ids)
+        assert any(0 < n - size * 2 ** k < 8 for size in BLOCK_SIZES for k in range(2)), n
+    for size in BLOCK_SIZES:
+        for block in (size, -size):
+            assert _skip_hides_a_visible_key(chunk, block) or _skip_hides_a_visible_key(decode, block), block
+    assert _skip_hides_a_visible_key(chunk, 128)  # the hidden kernel's bug shows in chunked prefill, without padding
+
+
+def _skip_hides_a_visible_key(p, block: int) -> bool:
+    """Whether skipping ``block``-key blocks from one key (``candidates._blocks_skipped``) hides a key a row sees."""
+    skipped = _blocks_skipped(jnp.asarray(p.q_segments), jnp.asarray(p.kv_segments), jnp.asarray(block))
+    return bool((_visible(p) & np.asarray(skipped)[:, None, :]).any())
 
 
 @pytest.mark.parametrize("seed", SEEDS)

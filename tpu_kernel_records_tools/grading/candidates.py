@@ -458,6 +458,8 @@ class FeatureSwitches(NamedTuple):
                                         # 4 cap*tanh(s/cap) on the masked logits (-1e30 -> -cap), no mask after
     segments_q_only: bool = False       # key j's id read from q_segment_ids[min(j, q_len - 1)]
     segments_runs: bool = False         # visible only inside the contiguous run of kv ids at the row's position
+    segments_block_skip: int = 0        # +B / -B: each B-key block skipped whole when no query row of the batch row
+                                        # has the id of its first / last key (one key decides for the block)
     sinks_scaled: bool = False          # sink multiplied by scale
     sinks_per_kv_head: bool = False     # query head h reads sinks[h // group]
     sinks_unshifted: bool = False       # exp(sink) added to a denominator of exp(s - m), m the keys' max only
@@ -472,6 +474,19 @@ def _clamped_columns(x: jax.Array, start: int, n: int) -> jax.Array:
     middle = x[:, lo:hi]
     after = n - before - middle.shape[1]
     return jnp.concatenate([jnp.repeat(x[:, :1], before, axis=1), middle, jnp.repeat(x[:, -1:], after, axis=1)], axis=1)
+
+
+def _blocks_skipped(q_ids, kv_ids, block: jax.Array) -> jax.Array:
+    """Bool ``[batch, kv_len]``: the keys of every ``|block|``-key block that a kernel deciding from one key per
+    block skips (``block`` > 0: the block's first key, < 0: its last, 0: none): blocks whose deciding key's id no
+    query row of the batch row has."""
+    lk = kv_ids.shape[1]
+    size = jnp.maximum(jnp.abs(block), 1)
+    start = jnp.arange(lk) // size * size
+    decider = jnp.where(block > 0, start, jnp.minimum(start + size - 1, lk - 1))
+    decided = jnp.take(kv_ids, decider, axis=1)  # [b, kv_len]: the deciding key's id, for each key of its block
+    in_queries = (decided[:, :, None] == q_ids[:, None, :]).any(axis=2)
+    return (block != 0) & ~in_queries
 
 
 def _attend_features(q, k, v, lengths, causal, scale, window, has_window, cap, q_ids, kv_ids, sinks,
@@ -500,6 +515,7 @@ def _attend_features(q, k, v, lengths, causal, scale, window, has_window, cap, q
         run = jnp.cumsum(jnp.concatenate([jnp.zeros_like(change[:, :1]), change], axis=1), axis=1)  # run of each key
         row_run = _clamped_columns(run, lk - lq, lq)  # [b, q]: the run at each row's position
         vis = vis & same & ((run[:, None, :] == row_run[:, :, None]) | ~sw.segments_runs)
+        vis = vis & ~_blocks_skipped(q_ids, kv_ids, sw.segments_block_skip)[:, None, :]
     vis = vis[:, None]  # [b, 1, q, k]
     if has_cap:  # as outer * tanh(inner / divisor): mode 0 cap * tanh(s / cap), 1 s * tanh(s), 2 tanh(s * cap),
         mode = sw.cap_mode  # 3 cap * tanh(q.k / cap) * scale, 4 cap * tanh(s / cap) on s already masked to -1e30
@@ -931,6 +947,13 @@ BUILTIN: dict[str, Candidate] = {c.name: c for c in [
     _bad("segments-contiguous-runs", "Segment ids taken as contiguous documents: a row sees only the run of equal "
          "kv ids around its position, so two runs of one id (A B A) do not see each other.", ("segments",),
          _constant(_feature_variant(segments_runs=True))),
+    _bad("segments-block-skip-first-key", "Skips each 128-key block whose first key's segment id no query row has, "
+         "deciding for the whole block from one key: a query document that starts inside the block after a document "
+         "only the keys hold (chunked prefill or decoding over a packed cache) loses its keys there.", ("segments",),
+         _constant(_feature_variant(segments_block_skip=128))),
+    _bad("segments-block-skip-last-key", "Skips each 128-key block whose last key's segment id no query row has: "
+         "the block holding a sequence's last keys is dropped when the padding after kv_lengths carries an id of "
+         "its own.", ("segments",), _constant(_feature_variant(segments_block_skip=-128))),
     _bad("sinks-scaled", "Sink multiplied by the softmax scale like a logit (the contract's sink is unscaled).",
          ("sinks",), _constant(_feature_variant(sinks_scaled=True))),
     _bad("sinks-per-kv-head", "Query head h reads sinks[h // group], one sink per kv head (the first "

@@ -23,7 +23,7 @@ import numpy as np
 from ..grading.checks import (CheckSpec, Context, Outcome, _fresh, _gradient_verdicts, _judge_out, _one_hot_values,
                               _perturb_keys, _stays_put, _summarize, problems, readout_violations)
 from ..grading.problems import Problem, normal
-from ..grading.slots import draw_feature_slots, draw_lengths
+from ..grading.slots import BLOCK_SIZES, draw_feature_slots, draw_lengths
 from kernel_src.contract import FEATURES, Dims
 
 
@@ -56,9 +56,33 @@ def _packed(rng: np.random.Generator, length: int, quick: bool) -> np.ndarray:
     return np.searchsorted(np.unique(cuts), np.arange(length), side="right").astype(np.int32)
 
 
-def _segments(rng: np.random.Generator, kind: str, d: Dims, quick: bool) -> tuple[np.ndarray, np.ndarray]:
+def _cache_documents(rng: np.random.Generator, length: int, padded: int, more=()) -> np.ndarray:
+    """Ids of a packed cache of ``padded`` keys: a document starts 1-3 keys after each of ``BLOCK_SIZES`` that
+    leaves room before ``length`` and at each of ``more``; distinct ids in random order, the keys from ``length``
+    on (padding) an id of their own."""
+    starts = [size + int(rng.integers(1, 4)) for size in BLOCK_SIZES if size + 3 < length] + list(more)
+    labels = rng.permutation(64)[:len(starts) + 2]
+    ids = labels[np.searchsorted(np.array(starts), np.arange(padded), side="right")]
+    ids[length:] = labels[-1]
+    return ids.astype(np.int32)
+
+
+def _cache_lengths(rng: np.random.Generator, d: Dims, quick: bool) -> np.ndarray:
+    """segments/decode's kv_lengths: 1-7 keys past 128, 256, 512 and 1024 (32, 64 and 128 at the quick level)."""
+    bases = (32, 64, 128) if quick else (128, 256, 512, 1024)
+    return rng.permutation(np.array([n + int(rng.integers(1, 8)) for n in bases[:d.batch]], np.int32))
+
+
+def _segments(rng: np.random.Generator, kind: str, d: Dims, quick: bool,
+              lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """``(q_segment_ids, kv_segment_ids)`` of a slot's kind (``grading.slots`` table)."""
     b, lq, lk = d.batch, d.q_len, d.kv_len
+    if kind == "chunk":  # the queries are the cache's last rows: its leading documents only among the keys
+        kv = np.stack([_cache_documents(rng, lk - lq, lk, [lk - lq + int(rng.integers(1, lq))]) for _ in range(b)])
+        return kv[:, lk - lq:], kv
+    if kind == "decode":  # the queries continue each sequence's last document
+        kv = np.stack([_cache_documents(rng, int(n), lk) for n in lengths])
+        return np.repeat(kv[np.arange(b), lengths - 1][:, None], lq, axis=1), kv
     if kind == "packed":
         kv = np.stack([_packed(rng, lk, quick) for _ in range(b)])
         return kv[:, lk - lq:], kv
@@ -108,6 +132,8 @@ def feature_problem(ctx: Context, rng: np.random.Generator, name: str, *, grad: 
     d, quick = spec["dims"], ctx.level == "quick"
     if spec["lengths"] and name == "window/decode":
         lengths = _window_lengths(rng, d, spec["window"], quick)
+    elif spec["lengths"] and name == "segments/decode":
+        lengths = _cache_lengths(rng, d, quick)
     elif spec["lengths"]:
         lengths = draw_lengths(rng, d)
     else:
@@ -117,7 +143,7 @@ def feature_problem(ctx: Context, rng: np.random.Generator, name: str, *, grad: 
                name=name, tag=tag)
     q = p.host("q") * spec["q_boost"]
     scale = d.head_dim ** -0.5 if spec["scale"] is None else spec["scale"]
-    segments = _segments(rng, spec["segments"], d, quick) if spec["segments"] else (None, None)
+    segments = _segments(rng, spec["segments"], d, quick, p.lengths) if spec["segments"] else (None, None)
     sinks = None if spec["sinks"] is None else _sinks(rng, spec["sinks"], q, p.host("k"), scale)
     more = [f"window_size={spec['window']}"] if spec["window"] is not None else []
     more += [f"softcap={spec['softcap']:g}"] if spec["softcap"] is not None else []
@@ -257,6 +283,8 @@ def check_segments(ctx: Context) -> Outcome:
     def build(r):
         out = [("accuracy", feature_problem(ctx, r(n), name))
                for n, name in enumerate(("segments/packed", "segments/cross"))]
+        out += [("accuracy", feature_problem(ctx, r(40 + n), name))
+                for n, name in enumerate(("segments/chunk", "segments/decode"))]
         out += [("readout", _one_hot_values(feature_problem(ctx, r(10 + n), "segments/repeat"))) for n in range(2)]
         rng = r(20)
         p = feature_problem(ctx, rng, "segments/packed", grad=False)
@@ -267,9 +295,11 @@ def check_segments(ctx: Context) -> Outcome:
                     f"the keys of document {doc} changed"))
         out.append(_no_op(feature_problem(ctx, r(30), "segments/equal"), "segments"))
         return out
-    return _run(ctx, "segments", build, "packed documents (one a single key long, forward and gradients), repeated "
-                                        "ids (A B A) read out one-hot, query ids of their own against a longer cache "
-                                        "(an id no key has), one document's keys changed, all ids equal")
+    return _run(ctx, "segments", build, "packed documents (one a single key long, forward and gradients), chunked "
+                                        "prefill and decoding over a packed cache (documents only among the keys, "
+                                        "boundaries past every block size), repeated ids (A B A) read out one-hot, "
+                                        "query ids of their own against a longer cache (an id no key has), one "
+                                        "document's keys changed, all ids equal")
 
 
 def check_sinks(ctx: Context) -> Outcome:

@@ -104,6 +104,7 @@ HEAD_DIMS = (64, 128, 256)
 ODD_HEAD_DIMS = (80, 96)
 GROUPS = (1, 2, 4, 8)
 TILES = (128, 256, 512)
+BLOCK_SIZES = (16, 32, 64, 128, 256, 512)  # key blocks kernels walk: segments/chunk and decode put boundaries past each
 MANY_HEADS = (24, 40, 64)  # heads[h] and mha[h]
 MHA_HEAD_DIMS = {24: 64, 40: 128, 64: 64}
 LONG_CONTEXT = (32_768, 131_072)  # longdecode and longspec: kv_len and every length past the first, at most the second
@@ -316,6 +317,16 @@ def serving_lengths(rng: np.random.Generator, dims: Dims) -> np.ndarray:
 #   cross    q 64 + r(0, 63) ids, kv 300 + r(1, 99) ids of their own (q_len != kv_len), a query id that
 #            no key has (zeros), kv_lengths, not causal, f32
 #   equal    every id equal (= no ids), causal, kv_lengths, bf16: compared with the call without ids
+#   chunk    chunked prefill over a packed cache (issue 51): q 100 + r(1, 155) rows, the last of kv ~q + 520 +
+#            r(1, 700) keys; a document starts 1-3 keys after each common block size (16, 32, 64, 128, 256,
+#            512) and one inside the queries, so the leading documents are only among the keys and every block
+#            boundary falls inside a document; distinct ids in random order; batch 2, causal, 4/2, d 64, f32,
+#            grads
+#   decode   decoding over a packed cache: batch 4, q r(1, 4), kv ~1152 + r(1, 600), kv_lengths 1-7 keys past
+#            128, 256, 512 and 1024, documents as in chunk up to each length, the queries the last document's,
+#            the padding an id of its own; causal, 8/2, d 128, f32
+#   (chunk and decode come from a generator of their own, so the slots above stay as drawn; at the quick
+#   level q 8 against kv 150, and decode's lengths 1-7 past 32, 64 and 128)
 # sinks (one per query head, differing within a kv group):
 #   random   16/2 heads (gpt-oss's group of 8), d 64, N(0, 2) sinks, causal, f32, grads (dsinks)
 #   high     sinks 40-60 above every logit, kv_lengths with 0 (a fully masked row: zeros), f32
@@ -430,4 +441,21 @@ def draw_feature_slots(seed: int, level: str = "full") -> dict[str, dict]:
             spec["dims"] = d._replace(q_len=d.kv_len + (9 if quick else 200 + r(0, 100)))
         if name == "window/all":
             spec["window"] = (spec["dims"].kv_len - 1 + (2 if quick else r(0, 5)), None)
-    return s
+    return {**s, **_packed_cache_slots(seed, quick, slot)}
+
+
+def _packed_cache_slots(seed: int, quick: bool, slot) -> dict[str, dict]:
+    """``segments/chunk`` and ``segments/decode`` (the table above), from a generator of their own (issue 51)."""
+    rng = _rng(seed, "packed cache slots")
+
+    def r(a: int, b: int) -> int:
+        return int(rng.integers(a, b + 1))
+
+    if quick:
+        return {"segments/chunk": slot(Dims(2, 8, 150, 4, 2, 32), "float32", True, segments="chunk", grad=True),
+                "segments/decode": slot(Dims(3, 2, 150, 4, 2, 32), "float32", True, lengths=True, segments="decode")}
+    q_len = 100 + r(1, 155)
+    return {"segments/chunk": slot(Dims(2, q_len, _not_tile_multiple(q_len + 520 + r(1, 700)), 4, 2, 64), "float32",
+                                   True, segments="chunk", grad=True),
+            "segments/decode": slot(Dims(4, r(1, 4), _not_tile_multiple(1152 + r(1, 600)), 8, 2, 128), "float32", True,
+                                    lengths=True, segments="decode")}
