@@ -8,10 +8,9 @@ socket memory) are slow."""
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import struct
+import platform
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from hypothesis import strategies as st
 
 from tpu_kernel_records_tools.grading import candidate_files, isolation, memcg, sandbox, syscalls
 from tpu_kernel_records_tools.grading.candidates import CandidateSpecError, resolve
-from tpu_kernel_records_tools.grading.worker import HEADER_LIMIT, ProtocolError
+from tpu_kernel_records_tools.grading.worker import ProtocolError
 
 ROOT = Path(__file__).parent.parent
 HOSTILE = Path(__file__).parent / "hostile"
@@ -35,6 +34,7 @@ try:
 except syscalls.Unavailable as e:
     SECCOMP = str(e)
 needs_seccomp = pytest.mark.skipif(SECCOMP is not None, reason=f"no seccomp here: {SECCOMP}")
+x86_64_only = pytest.mark.skipif(platform.machine() != "x86_64", reason="raw system-call numbers of x86-64")
 
 
 def _secret_home(tmp_path: Path) -> Path:
@@ -284,6 +284,7 @@ def _keyring_available() -> bool:
 
 @pytest.mark.slow
 @needs_seccomp
+@x86_64_only
 @pytest.mark.skipif(not _keyring_available(), reason="no session keyrings here")
 @pytest.mark.parametrize("where", ["process", "bubblewrap"])
 def test_the_grader_keyring_is_out_of_reach_and_unchanged(tmp_path, where):
@@ -309,6 +310,7 @@ def test_the_grader_keyring_is_out_of_reach_and_unchanged(tmp_path, where):
         assert f"{name}=EPERM" in said, said
 
 
+@x86_64_only
 def test_the_worker_joins_an_empty_session_keyring():
     if not _keyring_available():
         pytest.skip("no session keyrings here")
@@ -324,6 +326,7 @@ def test_the_worker_joins_an_empty_session_keyring():
 
 
 @needs_seccomp
+@x86_64_only
 def test_the_filter_refuses_what_it_lists_and_allows_a_kernels_work():
     script = ("import errno, os, socket, subprocess, threading\n"
               "from tpu_kernel_records_tools.grading import syscalls\n"
@@ -334,10 +337,21 @@ def test_the_filter_refuses_what_it_lists_and_allows_a_kernels_work():
               "a, b = socket.socketpair(); a.send(b'x'); assert b.recv(1) == b'x'\n"
               "t = threading.Thread(target=print, args=('thread',)); t.start(); t.join()\n"
               "assert subprocess.run(['true']).returncode == 0 and os.fork() or os._exit(0)\n"
-              "print(subprocess.run(['unshare', '-U', 'true'], capture_output=True).returncode)\n")
+              "print(subprocess.run(['unshare', '-U', 'true'], capture_output=True).returncode)\n"
+              "import ctypes; l = ctypes.CDLL(None, use_errno=True); l.syscall.restype = ctypes.c_long\n"
+              "pid = l.syscall(ctypes.c_long(56), ctypes.c_long(0x10000000 | 17), *[ctypes.c_long(0)] * 4)\n"
+              "pid == 0 and os._exit(0)\n"  # clone(CLONE_NEWUSER): a child in a new namespace, were it allowed
+              "print(pid, errno.errorcode[ctypes.get_errno()])\n")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=60)
     assert done.returncode == 0 and "escaped" not in done.stdout, done.stdout + done.stderr
-    assert done.stdout.split() == ["thread", "1"], done.stdout
+    assert done.stdout.split() == ["thread", "1", "-1", "EPERM"], done.stdout
+
+
+def test_confine_joins_a_fresh_keyring_before_the_filter(monkeypatch):
+    order = []
+    monkeypatch.setattr(syscalls, "join_fresh_keyring", lambda: order.append("keyring"))
+    monkeypatch.setattr(syscalls, "build_filter", lambda: type("F", (), {"load": lambda self: order.append("filter")})())
+    assert syscalls.confine() == ("seccomp", None) and order == ["keyring", "filter"]
 
 
 def test_without_libseccomp_the_worker_says_so_in_one_line(monkeypatch):

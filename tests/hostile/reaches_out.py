@@ -4,7 +4,6 @@ system calls no kernel needs, loopback TCP, and Unix-socket buffers held past th
 
 import ctypes
 import errno
-import os
 import socket
 
 import jax.numpy as jnp
