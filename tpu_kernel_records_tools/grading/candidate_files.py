@@ -8,9 +8,10 @@ starts. So before anything is opened:
   (``st_nlink == 1``): a link to the home folder's Hub token or a ``.env`` would otherwise be read as
   the candidate's source and printed in its load error;
 - a folder is walked without following links, and refused when it holds a symbolic link, anything
-  but folders and regular files, or a hard link (whose other names may lie outside it); its files' apparent sizes together (holes of a sparse file count) and their number are
-  bounded by :class:`FolderLimits` (``--candidate-max-mib``, ``--candidate-max-files``), so that a
-  copy for the sandbox cannot fill the disk.
+  but folders and regular files, or a hard link (whose other names may lie outside it); its files'
+  apparent sizes together (holes of a sparse file count) and their number are bounded by
+  :class:`FolderLimits` (``--candidate-max-mib``, ``--candidate-max-files``), so that a copy for the
+  sandbox cannot fill the disk.
 
 Each refusal is a :class:`~tpu_kernel_records_tools.grading.candidates.CandidateSpecError` of one line
 that names the path the user gave and what is wrong with it, never a byte of what it points to.

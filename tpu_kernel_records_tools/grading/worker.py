@@ -135,8 +135,9 @@ def _send(fd: int, header: dict, arrays=()) -> None:
 
 def _limit(memory_bytes: int, processes: int = 0, file_bytes: int = 0) -> None:
     """Lower soft and hard limits together (the candidate cannot raise them back): no core dumps,
-    :data:`OPEN_FILES` open files (sockets and pipes among them), address space ``memory_bytes``, ``processes`` threads and processes of this uid (counted over the
-    sandbox's own user namespace under bubblewrap), files of at most ``file_bytes``; 0 leaves one as is."""
+    :data:`OPEN_FILES` open files (sockets and pipes among them), address space ``memory_bytes``,
+    ``processes`` threads and processes of this uid (counted over the sandbox's own user namespace under
+    bubblewrap), files of at most ``file_bytes``; 0 leaves one as is."""
     import resource
 
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
