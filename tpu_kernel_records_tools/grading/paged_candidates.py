@@ -138,13 +138,15 @@ def _bug(**switches) -> PagedAttention:
 # A correct variant written the way paged decode kernels are: an online softmax over the page table.
 
 def _online_pages(q, k_pages, v_pages, *, kv_lengths, page_indices, causal=True, scale=None, window_size=None,
-                  softcap=None, sinks=None, pages_per_step: int = 4, pool_order: bool = False):
+                  softcap=None, sinks=None, pages_per_step: int = 4, pool_order: bool = False,
+                  window_skip_from_last_row: bool = False):
     """Online softmax over the table, ``pages_per_step`` pages per step (a ``lax.scan``): each step gathers
     those pages of every sequence, masks its own slots (length, causal position, window) with ``where``,
     caps the logits, and rescales an fp32 running max, sum and accumulator; a sink starts each row's max
     and sum (``m = sink``, ``l = 1``). Slots it masks are zeroed in V before P·V, so garbage never reaches
     the sum. ``pool_order`` (known-bad): each sequence's pages are visited in the order of their physical
-    index in the pool instead of table order: the same sums in another order."""
+    index in the pool instead of table order: the same sums in another order. ``window_skip_from_last_row``
+    (known-bad): a page is skipped for every row when its last key lies left of the last row's window."""
     dims = check_paged_inputs(q, k_pages, v_pages, kv_lengths, page_indices)
     b, lq, hq, hk, d = dims.batch, dims.q_len, dims.num_q_heads, dims.num_kv_heads, dims.head_dim
     ps, pps = dims.page_size, dims.pages_per_sequence
@@ -171,6 +173,9 @@ def _online_pages(q, k_pages, v_pages, *, kv_lengths, page_indices, causal=True,
         j = (cols[:, :, None] * ps + jnp.arange(ps)[None, None, :])[:, None]  # [b, 1, P, ps]
         vis = visible(row, j, lq, lengths[:, None, None, None], causal, None, window_size)  # [b, q, P, ps]
         vis = jnp.broadcast_to(vis, (b, lq, pages_per_step, ps)).reshape(b, lq, pages_per_step * ps)
+        if window_skip_from_last_row and left is not None:
+            skipped = cols * ps + ps - 1 < (lengths - 1 - left)[:, None]  # [b, P]
+            vis = vis & ~jnp.repeat(skipped, ps, axis=1)[:, None, :]
         exists = (j < lengths[:, None, None, None]).reshape(b, pages_per_step * ps)[:, :, None, None]
         kc = jnp.where(exists, k_pages[pages].reshape(b, pages_per_step * ps, hk, d), 0).astype(jnp.float32)
         vc = jnp.where(exists, v_pages[pages].reshape(b, pages_per_step * ps, hk, d), 0).astype(jnp.float32)
@@ -270,4 +275,9 @@ PAGED_ENTRIES: tuple[PagedEntry, ...] = (
                "index in the pool instead of table order: the same keys summed in another order, so a permuted "
                "pool changes bits.", _constant(jit_paged(functools.partial(_online_pages, pool_order=True), (),
                                                          cpu=True)), ("paged-permutation",)),
+    PagedEntry("paged-window-skip-from-last-row", "known-bad", "Online softmax over the page table that skips a page "
+               "for every row when the page's last key is left of the LAST row's window: decided from one row, so "
+               "speculative rows whose windows start in an earlier page lose keys there.",
+               _constant(jit_paged(functools.partial(_online_pages, window_skip_from_last_row=True), PAGED_FEATURES,
+                                   cpu=True)), ("paged-window",)),
 )

@@ -20,8 +20,8 @@ must be exact zeros. The checks and what each probes:
 * paged-long: ``long`` (32,768-131,072 keys in bfloat16, thousands of pages per sequence, page indices past
   2^15), random V and V constant along keys (exact for fp32 accumulation, drifts in a bfloat16 one).
 * paged-window, paged-softcap, paged-sinks: for a candidate that declares the feature, problems where it
-  matters (windows across page boundaries, logits far past the cap, sinks high and random), judged like
-  paged-accuracy.
+  matters (windows across page boundaries, speculative rows whose windows start on both sides of one, logits
+  far past the cap, sinks high and random), judged like paged-accuracy.
 """
 
 from __future__ import annotations
@@ -185,6 +185,14 @@ def _sinks(rng: np.random.Generator, slot: PagedSlot, kind: str) -> np.ndarray:
     return (rng.standard_normal(slot.num_q_heads) * 2).astype(np.float32)
 
 
+def rows_across_a_page(slot: PagedSlot) -> tuple[int, int]:
+    """A window ``(left, 0)`` under which the first of the slot's rows (q_len >= 2) in its longest sequence starts
+    its window on a page's last key and the last row past that page (issue 51): a page skipped from one row's
+    window start drops keys the other rows see."""
+    n, ps, lq = max(slot.lengths), slot.page_size, slot.q_len
+    return n - lq - (max(1, (n - lq) // (2 * ps)) * ps - 1), 0
+
+
 def check_paged_window(ctx: Context) -> Outcome:
     s = slots(ctx)
 
@@ -193,10 +201,11 @@ def check_paged_window(ctx: Context) -> Outcome:
         return [draw(r(0), a, window=(int(r(10).integers(5, 3 * a.page_size)), 0)),
                 draw(r(1), b, window=(int(r(11).integers(b.page_size, 4 * b.page_size)) - 1, 0)),
                 draw(r(2), c, causal=False, window=(int(r(12).integers(c.page_size, 2 * c.page_size)),
-                                                    int(r(12).integers(1, 9))))]
+                                                    int(r(12).integers(1, 9)))),
+                draw(r(3), a, window=rows_across_a_page(a))]
     return _accurate(ctx, problems(ctx, "paged-window", build),
-                     "windows across page boundaries (decoding, speculative rows, both sides) within the forward "
-                     "bound; rows with no visible key exact zeros")
+                     "windows across page boundaries (decoding, speculative rows, both sides; the rows' windows "
+                     "starting on both sides of one) within the forward bound; rows with no visible key exact zeros")
 
 
 def check_paged_softcap(ctx: Context) -> Outcome:

@@ -326,7 +326,7 @@ def serving_lengths(rng: np.random.Generator, dims: Dims) -> np.ndarray:
 #            128, 256, 512 and 1024, documents as in chunk up to each length, the queries the last document's,
 #            the padding an id of its own; causal, 8/2, d 128, f32
 #   (chunk and decode come from a generator of their own, so the slots above stay as drawn; at the quick
-#   level q 8 against kv 150, and decode's lengths 1-7 past 32, 64 and 128)
+#   level kv 150 against q 8 (chunk, batch 2) and 2 (decode, batch 3), decode's lengths 1-7 past 32, 64, 128)
 # sinks (one per query head, differing within a kv group):
 #   random   16/2 heads (gpt-oss's group of 8), d 64, N(0, 2) sinks, causal, f32, grads (dsinks)
 #   high     sinks 40-60 above every logit, kv_lengths with 0 (a fully masked row: zeros), f32
