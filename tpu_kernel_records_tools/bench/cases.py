@@ -336,9 +336,11 @@ class Profile:
 
 PROFILES: dict[str, Profile] = {
     p.name: p for p in (
-        # A demonstration on a 2-core CPU, Pallas in interpret mode, its kernels graded at the quick level
-        # (the known-bad built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
-        Profile("cpu", batch=1, head_dim=64, grade_known_bad=False, kernel_level="quick",
+        # A demonstration on a 2-core CPU, Pallas in interpret mode: lengths to 1024 (an interpreted 2048 is the
+        # costliest case of all), 2 warm-ups and 10 samples, its kernels graded at the quick level (the
+        # known-bad built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
+        Profile("cpu", batch=1, head_dim=64, seq_lens=PUBLISHED_SEQ_LENS[:-1], warmups=2, samples=10,
+                grade_known_bad=False, kernel_level="quick",
                 scopes=("softmax", "attention") + MASK_SCOPES + PAGED_SCOPES, masks=TINY_MASKS, paged=TINY_PAGED),
         Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=5, export_tpu=True,
                 grade_known_bad=False, kernel_level="quick", masks=TINY_MASKS, paged=TINY_PAGED[1:]),

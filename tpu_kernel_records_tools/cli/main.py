@@ -46,15 +46,14 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
                     "file), validated against the shipped JSON Schemas and written atomically. On a "
                     "CPU, Pallas runs in interpret mode: those timings say nothing about kernel speed. A CPU "
                     "run (profiles cpu and tiny) is a demonstration and an interpret-mode record: it grades the "
-                    "measured kernels at the quick level, which shows that their path runs, in a few minutes "
-                    "on 2 cores (measured: docs/RUNBOOK.md); the tpu-v5e and gpu profiles grade them at the "
-                    "full level.")
+                    "measured kernels at the quick level, which shows that their path runs (what it costs, "
+                    "measured: docs/RUNBOOK.md); the tpu-v5e and gpu profiles grade them at the full level.")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="run folder to create (must not exist); default runs/<run_id>/")
     p.add_argument("--profile", choices=sorted(PROFILES),
                    help="shapes and defaults: cpu (default on CPU), tpu-v5e (on TPU), gpu (on GPU), tiny")
-    p.add_argument("--warmups", type=_count(0), metavar="N", help="untimed calls per case (profile default 5)")
-    p.add_argument("--samples", type=_count(1), metavar="N", help="timed samples per case (profile default 20)")
+    p.add_argument("--warmups", type=_count(0), metavar="N", help="untimed calls per case (profile default 5; cpu 2)")
+    p.add_argument("--samples", type=_count(1), metavar="N", help="timed samples per case (profile default 20; cpu 10)")
     p.add_argument("--scopes", nargs="+", choices=SCOPES, metavar="SCOPE",
                    help=f"any of {', '.join(SCOPES)}; default the profile's: "
                         + "; ".join(f"{name} {' '.join(p.scopes) if p.scopes != SCOPES else f'all {len(SCOPES)}'}"

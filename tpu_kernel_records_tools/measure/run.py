@@ -141,7 +141,7 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
     Args:
       out: the run folder to create (must not exist); default ``runs/<run_id>/``.
       profile: ``cpu``, ``tiny``, ``tpu-v5e`` or ``gpu``; default from the platform.
-      warmups, samples: per case; the profile's defaults (5 and 20) when ``None``.
+      warmups, samples: per case; the profile's defaults (5 and 20; cpu 2 and 10) when ``None``.
       scopes: subset of ``bench.cases.SCOPES`` (``softmax``, ``attention``, ``flash``, ``sharded``,
         the masks models run, ``masks-fwd``, ``masks-fwd-bwd``, the paged decode step ``paged-decode``,
         and on a TPU or GPU the model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's defaults
