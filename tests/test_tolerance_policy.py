@@ -158,6 +158,19 @@ def test_error_is_normwise_and_worst_element_relative_to_the_magnitude():
     assert tiny.norm > 1 and tiny.worst > 1  # nothing to be relative to: any difference is large
 
 
+def test_error_leaves_its_inputs_alone_and_given_scales_are_the_magnitudes():
+    rng = np.random.default_rng(3)
+    truth, mag = rng.normal(size=(6, 5)), rng.uniform(1, 2, size=(6, 5))
+    cand = truth + rng.normal(scale=1e-3, size=(6, 5))
+    kept = cand.copy()
+    e = error(cand, truth, mag)
+    assert np.array_equal(cand, kept)  # the differences go into a copy, never into the candidate's array
+    assert e == error(cand, truth, mag, (float(np.linalg.norm(mag)), float(mag.max())))
+    diff = np.abs(cand - truth)
+    assert e.norm == pytest.approx(np.sqrt(np.sum(diff ** 2)) / np.linalg.norm(mag), rel=1e-12)
+    assert e.worst == diff.max() / mag.max() and e.index == np.unravel_index(np.argmax(diff), diff.shape)
+
+
 def test_the_bound_scales_with_the_baseline():
     truth, mag = _tensors(6)
     small = judge("s", truth, truth, truth + _spread(1e-6), "float32", gradient=False, magnitude=mag)

@@ -172,23 +172,33 @@ class Error:
     index: tuple[int, ...]
 
 
-def error(candidate: np.ndarray, truth: np.ndarray, magnitude: np.ndarray | None = None) -> Error:
+def error(candidate: np.ndarray, truth: np.ndarray, magnitude: np.ndarray | None = None,
+          scales: tuple[float, float] | None = None) -> Error:
     """Errors of ``candidate`` against the float64 ``truth`` (same shape), relative to ``magnitude``
-    (default ``|truth|``). Non-finite values give inf."""
-    c = np.asarray(candidate).astype(np.float64)
-    diff = np.abs(c - truth)
-    diff = np.where(np.isfinite(c), diff, np.inf)
-    magnitude = np.abs(truth) if magnitude is None else magnitude
-    scale_norm = float(np.linalg.norm(magnitude))
-    scale_max = float(magnitude.max()) if magnitude.size else 0.0
+    (default ``|truth|``). Non-finite values give inf. ``scales``: ``magnitude_scales(magnitude)``, when the
+    caller judges several tensors against one magnitude."""
+    diff = np.asarray(candidate).astype(np.float64)  # a fresh array: the differences are written into it
+    np.subtract(diff, truth, out=diff)
+    np.abs(diff, out=diff)
+    scale_norm, scale_max = magnitude_scales(np.abs(truth) if magnitude is None else magnitude) \
+        if scales is None else scales
     tiny = float(np.finfo(np.float64).tiny)
-    flat = int(np.argmax(diff)) if diff.size else 0
-    index = tuple(int(i) for i in np.unravel_index(flat, diff.shape)) if diff.size else ()
-    worst = float(diff.max()) if diff.size else 0.0
-    norm = float(np.sqrt(np.sum(np.square(np.where(np.isfinite(diff), diff, 0.0))))) if diff.size else 0.0
-    if not np.all(np.isfinite(diff)):
-        norm = float("inf")
+    if not diff.size:
+        return Error(0.0, 0.0, ())
+    flat = diff.reshape(-1)
+    if np.isfinite(flat).all():  # the usual case: one pass each for the largest and the norm
+        at = int(np.argmax(flat))
+        worst, norm = float(flat[at]), float(np.sqrt(np.dot(flat, flat)))
+    else:  # a non-finite candidate value (or truth) is an infinite error
+        flat = np.where(np.isfinite(flat), flat, np.inf)
+        at, worst, norm = int(np.argmax(flat)), float("inf"), float("inf")
+    index = tuple(int(i) for i in np.unravel_index(at, diff.shape))
     return Error(norm / max(scale_norm, tiny), worst / max(scale_max, tiny), index)
+
+
+def magnitude_scales(magnitude: np.ndarray) -> tuple[float, float]:
+    """The 2-norm and the largest value of ``magnitude``, the denominators of the two relative errors."""
+    return float(np.linalg.norm(magnitude.reshape(-1))), float(magnitude.max()) if magnitude.size else 0.0
 
 
 @dataclass(frozen=True)
@@ -251,16 +261,17 @@ def judge(label: str, candidate: np.ndarray, truth: np.ndarray, baseline: np.nda
     ``logit_scale``: the largest ``|scale * q.k|`` a visible key gets; the floor is multiplied by
     ``max(1, logit_scale)``, since float32 logits carry an absolute error of about ``|logit| * eps`` and
     every probability (and what is computed from it) inherits it as a relative error."""
-    base = error(baseline, truth, magnitude)
+    magnitude = np.abs(truth) if magnitude is None else magnitude
+    scales = magnitude_scales(magnitude)
+    base = error(baseline, truth, magnitude, scales)
     for alternative in alternatives:
         if alternative is not None:
-            alt = error(alternative, truth, magnitude)
+            alt = error(alternative, truth, magnitude, scales)
             base = Error(max(base.norm, alt.norm), max(base.worst, alt.worst), base.index)
     scale = max(1.0, float(logit_scale)) if np.isfinite(logit_scale) else 1.0
     k, floor = policy.k(gradient), policy.floor(dtype) * scale
-    magnitude = np.abs(truth) if magnitude is None else magnitude
     targets = {"": truth, **{name: a for name, a in (answers or {}).items() if a is not None}}
-    verdicts = [Verdict(label, error(candidate, target, magnitude), base, k * base.norm + floor,
+    verdicts = [Verdict(label, error(candidate, target, magnitude, scales), base, k * base.norm + floor,
                         k * base.worst + floor, dtype, gradient, scale, name) for name, target in targets.items()]
     return min(verdicts, key=lambda v: v.ratio)
 
