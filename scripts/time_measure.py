@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Time the main job: ``tpu-kernel-records measure`` as a whole process, as a new user runs it.
+
+    python scripts/time_measure.py                       # the platform's profile (cpu here), once
+    python scripts/time_measure.py --runs 3 -- --profile tiny
+    python scripts/time_measure.py --record scripts/time_measure.json    # the figures docs/RUNBOOK.md states
+
+It times the checkout this script is in (a fresh clone: ``git clone``, then run its copy). Each run is a fresh
+process without a persistent JAX compilation cache, in its own temporary folder
+(removed afterwards), so the figure includes the imports, the benchmark, every compile and the rubric's
+workers. It prints, per run, the wall seconds and the CPU seconds (user + system of the process and every
+process it started: the rubric's workers included), then the median of each. This is a measurement, not a
+test: on a shared machine the wall time grows with the load (printed beside it); the CPU seconds much less.
+The cpu profile's target (issue 50) is 3 minutes of wall time on an idle 2-core CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent  # the checkout timed: this script's
+
+
+def time_once(extra: list[str]) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (this run's children) and the exit status of one ``measure`` run."""
+    folder = Path(tempfile.mkdtemp(prefix="time-measure-"))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}  # as a new user's
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
+    argv = [sys.executable, "-m", "tpu_kernel_records_tools", "measure", "--out", str(folder / "run"), "--quiet",
+            *extra]
+    try:
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
+        proc = subprocess.run(argv, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        wall = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    if proc.returncode != 0:
+        print(f"measure failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return wall, cpu, proc.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="Arguments after -- go to measure (e.g. -- --profile tiny).")
+    p.add_argument("--runs", type=int, default=1, help="runs to time (default 1)")
+    p.add_argument("--record", type=Path, metavar="JSON",
+                   help="also write the figures (machine, load, each run, medians) to this file")
+    p.add_argument("extra", nargs="*", help="arguments for measure, after --")
+    args = p.parse_args(argv)
+    if args.runs < 1:
+        p.error("--runs must be >= 1")
+    load_before = [round(x, 1) for x in os.getloadavg()]
+    print(f"measure {' '.join(args.extra)}: cpus={os.cpu_count()} load_average={load_before}")
+    walls, cpus, codes = [], [], []
+    for n in range(args.runs):
+        wall, cpu, code = time_once(args.extra)
+        walls.append(wall)
+        cpus.append(cpu)
+        codes.append(code)
+        print(f"run {n + 1}: {wall:.1f} s wall, {cpu:.1f} CPU-s (user + system, every process), exit {code}, "
+              f"load_average={os.getloadavg()}", flush=True)
+    print(f"median of {args.runs}: {statistics.median(walls):.1f} s wall, {statistics.median(cpus):.1f} CPU-s")
+    if args.record is not None:
+        from tpu_kernel_records_tools.grading.calibration import machine
+
+        record = {"command": ["tpu-kernel-records", "measure", *args.extra], "machine": machine(),
+                  "load_average_before": load_before, "load_average_after": [round(x, 1) for x in os.getloadavg()], "exit_codes": codes,
+                  "wall_s": [round(w, 1) for w in walls], "cpu_s": [round(c, 1) for c in cpus],
+                  "median_wall_s": round(statistics.median(walls), 1),
+                  "median_cpu_s": round(statistics.median(cpus), 1)}
+        args.record.write_text(json.dumps(record, indent=1) + "\n")
+    return 1 if any(codes) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
