@@ -15,10 +15,31 @@ import hashlib
 import http.server
 import json
 import threading
+from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlsplit
+
+import release_fixtures as testing
+from tpu_kernel_records_tools.builder.build import build
 
 REPO_ID = "me/tpu-kernel-records"
 DATE = "2026-01-01T00:00:00.000Z"
+
+
+def client_env(monkeypatch, token: str):
+    """A huggingface_hub client's environment for the stand-in: ``token`` as HF_TOKEN, no telemetry, online
+    (HF_ENDPOINT is set per hub)."""
+    monkeypatch.setenv("HF_TOKEN", token)
+    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    return monkeypatch
+
+
+def built_workspace(dest: Path) -> Path:
+    """``release_fixtures.workspace`` with its data/ built from the published record: a release to publish,
+    and the state a refused contribution must leave as it was."""
+    ws = testing.workspace(dest)
+    build([ws / "runs" / testing.PUBLISHED], ws / "data")
+    return ws
 
 
 def blob_id(data: bytes) -> str:

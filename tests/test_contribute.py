@@ -13,9 +13,8 @@ import pyarrow.parquet as pq
 import pytest
 
 import release_fixtures as testing
-from hub_standin import REPO_ID, StandInHub
+from hub_standin import REPO_ID, StandInHub, built_workspace, client_env
 from release_fixtures import PUBLISHED
-from tpu_kernel_records_tools.builder.build import build
 from tpu_kernel_records_tools.builder.publish import HUB_STATUS
 from tpu_kernel_records_tools.cli import main as commands
 from tpu_kernel_records_tools.contribute import review as R
@@ -27,18 +26,12 @@ TOKEN = "hf_" + "StandInSubmitToken" * 2
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    """A workspace whose data/ holds the published record (the state every refusal must leave as it was)."""
-    ws = testing.workspace(tmp_path_factory.mktemp("contribute"))
-    build([ws / "runs" / PUBLISHED], ws / "data")
-    return ws
+    return built_workspace(tmp_path_factory.mktemp("contribute"))
 
 
 @pytest.fixture
-def env(monkeypatch, tmp_path):
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return monkeypatch
+def env(monkeypatch):
+    return client_env(monkeypatch, TOKEN)
 
 
 def _run(env, capsys, hub_url: str, *argv: str) -> tuple[int, str, str]:
@@ -169,6 +162,7 @@ def test_a_damaged_run_is_refused_by_submit_in_builds_line_and_by_review(damage,
         number = hub.open_pr(_pr_files(run_dir), title="a damaged run")  # as a hand-made pull request would
         code, out, err = _review(env, capsys, hub, built, "--pr", str(number), "--build", "--comment")
         assert code == 1 and rule in out and out.startswith(f"#{number} {run_dir.name}: refused: ")
+        assert f" submissions/{run_dir.name}/" in out and "/tmp" not in out  # the repository's paths, not ours
         assert "refused" in hub.discussions[0]["comments"][0]
     assert testing.tree_hash(built / "data", built / "dataset_card.md") == before
 
@@ -289,3 +283,30 @@ def test_a_submitted_kernel_is_regraded_on_a_new_seed_and_becomes_a_leaderboard_
         assert code == 0 and out.startswith("#1 pure-jax: accepted") and "regraded on seed" in out, err
     rows = pq.read_table(ws / "data" / "benchmark").to_pylist()
     assert [r["implementation"] for r in rows if r["record_id"] == honest_submission.name].count("submitted") == 1
+
+
+def test_a_run_already_in_the_data_is_refused_before_any_build(built, env, capsys):
+    published = built / "data" / "raw" / PUBLISHED
+    before = testing.tree_hash(built / "data", built / "dataset_card.md")
+    with StandInHub() as hub:
+        number = hub.open_pr(_pr_files(published))
+        code, out, err = _review(env, capsys, hub, built, "--pr", str(number), "--build")
+    assert code == 1 and out.strip().startswith(f"#{number} {PUBLISHED}: refused: [duplicate-record] ")
+    assert testing.tree_hash(built / "data", built / "dataset_card.md") == before
+
+
+def test_a_pull_request_too_large_to_review_is_refused_before_downloading(built, env, capsys, tmp_path, monkeypatch):
+    run_dir = testing.write(tmp_path / "runs", "synthetic-large")
+    files = _pr_files(run_dir)
+    monkeypatch.setattr(R, "MAX_PR_BYTES", sum(map(len, files.values())) - 1)
+    with StandInHub() as hub:
+        number = hub.open_pr(files)
+        code, out, _ = _review(env, capsys, hub, built, "--pr", str(number))
+        assert [path for _, path, _ in hub.requests if "/resolve/" in path] == []
+    assert code == 1 and "bytes" in out and "refused as a whole" in out
+
+
+def test_a_pull_request_that_does_not_exist_is_one_line(built, env, capsys):
+    with StandInHub() as hub:
+        code, _, err = _review(env, capsys, hub, built, "--pr", "3")
+    assert code == HUB_STATUS["not-found"] and "has no pull request #3" in _one_line(err)

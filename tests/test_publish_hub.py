@@ -13,29 +13,21 @@ from pathlib import Path
 
 import pytest
 
-import release_fixtures as testing
-from hub_standin import StandInHub
-from tpu_kernel_records_tools.builder.build import build
+from hub_standin import StandInHub, built_workspace, client_env
 from tpu_kernel_records_tools.builder.publish import HUB_STATUS
 from tpu_kernel_records_tools.cli import main as commands
-from release_fixtures import PUBLISHED
 
 TOKEN = "hf_" + "StandInHubToken" * 3
 
 
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Path:
-    ws = testing.workspace(tmp_path_factory.mktemp("hub"))
-    build([ws / "runs" / PUBLISHED], ws / "data")
-    return ws
+    return built_workspace(tmp_path_factory.mktemp("hub"))
 
 
 @pytest.fixture
 def env(monkeypatch):
-    monkeypatch.setenv("HF_TOKEN", TOKEN)
-    monkeypatch.setenv("HF_HUB_DISABLE_TELEMETRY", "1")
-    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    return monkeypatch
+    return client_env(monkeypatch, TOKEN)
 
 
 def _publish(built: Path, endpoint: str, env, capsys, *extra: str) -> tuple[int, str, str]:

@@ -36,6 +36,7 @@ def _cmd_submit(args: argparse.Namespace) -> int:
 
 def _cmd_review(args: argparse.Namespace) -> int:
     from ..builder.build import BuildError, build
+    from ..builder.derive import record_ids
     from ..contribute import review as R
     from ..contribute.hub import client, open_pull_requests
     from ..builder.publish import check_repo_id
@@ -50,7 +51,8 @@ def _cmd_review(args: argparse.Namespace) -> int:
             reviews = []
             for number in numbers:
                 reviews.append(R.review_pr(api, args.repo_id, number, Path(tmp) / f"pr-{number}",
-                                           allow_interpret=args.allow_interpret, regrader=regrader))
+                                           allow_interpret=args.allow_interpret, regrader=regrader,
+                                           existing=frozenset(record_ids(args.data.absolute()))))
                 for verdict in reviews[-1].verdicts if not args.json else ():
                     print(verdict.line())
                 if args.comment:

@@ -51,7 +51,7 @@ def call(repo_id: str, step: str, fn: Callable[[], T]) -> T:
 @dataclass(frozen=True)
 class Changes:
     """What pull request ``number`` changes: its head commit, and paths added, modified and deleted
-    against the ``main`` commit it was opened on (``base``)."""
+    against the ``main`` commit it was opened on (``base``); ``added_bytes``: the added files' sizes."""
 
     number: int
     head: str
@@ -59,29 +59,40 @@ class Changes:
     added: tuple[str, ...]
     modified: tuple[str, ...]
     deleted: tuple[str, ...]
+    added_bytes: int = 0
 
 
-def _tree(api: Any, repo_id: str, revision: str | None) -> dict[str, str]:
+def _tree(api: Any, repo_id: str, revision: str | None) -> dict[str, tuple[str, int]]:
+    """``path -> (git blob id, size in bytes)`` of every file at ``revision``."""
     if revision is None:
         return {}
     from huggingface_hub.hf_api import RepoFile
 
-    return {f.path: f.blob_id for f in api.list_repo_tree(repo_id, revision=revision, recursive=True,
-                                                          repo_type="dataset") if isinstance(f, RepoFile)}
+    return {f.path: (f.blob_id, f.size) for f in api.list_repo_tree(repo_id, revision=revision, recursive=True,
+                                                                    repo_type="dataset") if isinstance(f, RepoFile)}
 
 
 def pr_changes(api: Any, repo_id: str, number: int) -> Changes:
     """The files pull request ``number`` changes (its commits that ``main`` lacks, taken together)."""
+    from huggingface_hub.errors import RevisionNotFoundError
+
     step = f"review could not read pull request #{number}"
-    ref = f"refs/pr/{number}"
-    history = call(repo_id, step, lambda: api.list_repo_commits(repo_id, revision=ref, repo_type="dataset"))
+
+    def pr_history() -> list:
+        try:
+            return api.list_repo_commits(repo_id, revision=f"refs/pr/{number}", repo_type="dataset")
+        except RevisionNotFoundError:
+            raise HubError("not-found", f"{step}: {repo_id} has no pull request #{number}") from None
+
+    history = call(repo_id, step, pr_history)
     main = {c.commit_id for c in call(repo_id, step, lambda: api.list_repo_commits(repo_id, repo_type="dataset"))}
     head = history[0].commit_id
     base = next((c.commit_id for c in history if c.commit_id in main), None)
     before, after = (call(repo_id, step, lambda r=r: _tree(api, repo_id, r)) for r in (base, head))
-    return Changes(number, head, base, tuple(sorted(set(after) - set(before))),
+    added = tuple(sorted(set(after) - set(before)))
+    return Changes(number, head, base, added,
                    tuple(sorted(p for p in set(after) & set(before) if after[p] != before[p])),
-                   tuple(sorted(set(before) - set(after))))
+                   tuple(sorted(set(before) - set(after))), sum(after[p][1] for p in added))
 
 
 def open_pull_requests(api: Any, repo_id: str) -> list[int]:

@@ -25,6 +25,7 @@ from .hub import SUBMISSIONS, Changes, call, pr_changes
 from .regrade import draw_seed, failed_checks, programs_of, regrade, regrade_task
 
 SHOWN_PATHS = 3  # paths named in a scope refusal
+MAX_PR_BYTES = 1 << 30  # the most a review downloads of one pull request (a run's programs are at most 256 MiB)
 
 
 @dataclass
@@ -84,6 +85,9 @@ def scope(changes: Changes) -> list[str]:
     runs = sorted({_run_id(p) for p in changes.added})
     if not runs:
         raise ValueError(f"it adds no run under {SUBMISSIONS}/")
+    if changes.added_bytes > MAX_PR_BYTES:
+        raise ValueError(f"it adds {changes.added_bytes} bytes, more than the {MAX_PR_BYTES} a review downloads; "
+                         "refused as a whole")
     return runs
 
 
@@ -139,8 +143,9 @@ def _judge(pr: int, run_id: str, card: dict[str, Any] | str) -> Verdict:
 
 
 def review_pr(api: Any, repo_id: str, number: int, folder: Path, *, allow_interpret: bool = False,
-              regrader: Regrader = regrade_here) -> Review:
-    """Review pull request ``number`` into the fresh ``folder``: its verdicts and accepted runs."""
+              regrader: Regrader = regrade_here, existing: frozenset[str] = frozenset()) -> Review:
+    """Review pull request ``number`` into the fresh ``folder``: its verdicts and accepted runs. A run whose
+    id is ``existing`` (the data's records) is refused as ``build`` would refuse it."""
     review = Review(number)
     changes = pr_changes(api, repo_id, number)
     try:
@@ -153,8 +158,14 @@ def review_pr(api: Any, repo_id: str, number: int, folder: Path, *, allow_interp
     for run_id in run_ids:
         try:
             checked[run_id] = check_run(root / run_id, allow_interpret=allow_interpret)
-        except BuildError as e:
-            review.verdicts.append(Verdict(number, run_id, False, str(e)))
+        except BuildError as e:  # its paths as in the repository, not this machine's folder
+            review.verdicts.append(Verdict(number, run_id, False, str(e).replace(f"{folder}/", "")))
+            continue
+        if run_id in existing:
+            review.verdicts.append(Verdict(number, run_id, False, str(BuildError(
+                "duplicate-record", f"{SUBMISSIONS}/{run_id}/manifest.json", "run_id",
+                f"record {run_id!r} already exists in the data; a run is added once"))))
+            del checked[run_id]
             continue
         if programs_of(checked[run_id].run):
             to_regrade[run_id] = root / run_id
