@@ -9,9 +9,10 @@ run, and every scorecard of a timed candidate must have passed, whichever positi
 the run: otherwise the run is refused (rule ``correctness``). The XLA references and the vendor kernels
 (cuDNN, JAX's ``paged_attention``) are timed for comparison and need no scorecard.
 
-A row's ``graded_verdict`` is ``"passed"`` where the scorecards of the candidate it timed passed, and
-null where none grades it: a published summary (its one scorecard is the card's claim, transcribed),
-and a reference or vendor kernel the run did not grade.
+A row's ``graded_verdict`` is ``"passed"`` where the scorecards of the candidate it timed passed
+(``"failed"`` otherwise, which only a run the rules refuse can have), and null where none grades it:
+a published summary (its one scorecard is the card's claim, transcribed), and a reference or vendor
+kernel the run did not grade.
 """
 
 from __future__ import annotations
