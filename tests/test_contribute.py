@@ -239,7 +239,8 @@ def test_a_missing_repository_and_a_missing_token_are_one_line(env, capsys, tmp_
 def _documented(command: str) -> list[list[str]]:
     from doc_blocks import SHELL, blocks, shell_commands
 
-    return [argv for block in blocks(SHELL) for argv in shell_commands(block) if argv[:2] == ["tpu-kernel-records", command]]
+    return [argv for block in blocks(SHELL) for argv in shell_commands(block)
+            if argv[:2] == ["tpu-kernel-records", command]]
 
 
 def test_the_documented_submit_and_review_commands_run_as_written(built, env, capsys, tmp_path):
@@ -259,7 +260,7 @@ def test_the_documented_submit_and_review_commands_run_as_written(built, env, ca
         env.setenv("HF_ENDPOINT", hub.url)
         for argv in submits:
             assert commands.main([*filled(argv, None), "--allow-interpret"]) == 0, capsys.readouterr().err
-        for argv in sorted(reviews, key=lambda argv: "--build" in argv):  # once built, the run is refused as a duplicate
+        for argv in sorted(reviews, key=lambda argv: "--build" in argv):  # built, the run is then a duplicate
             assert commands.main([*filled(argv, len(hub.discussions)), "--allow-interpret"]) == 0, capsys.readouterr()
         assert hub.discussions[-1]["comments"]  # the documented --comment posted its verdict
     assert (ws / "data" / "raw" / "synthetic-documented").is_dir()

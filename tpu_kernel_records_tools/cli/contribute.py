@@ -110,7 +110,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--comment", action="store_true", help="post the verdicts on each pull request")
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers", type=int, metavar="N", help="regrade on a local Dask cluster of N workers")
-    where.add_argument("--scheduler", metavar="ADDRESS", help="regrade on the Dask cluster at ADDRESS (tcp://host:8786)")
+    where.add_argument("--scheduler", metavar="ADDRESS",
+                       help="regrade on the Dask cluster at ADDRESS (tcp://host:8786)")
     p.add_argument("--data", type=Path, default=Path("data"), help="the data folder --build writes (default: data)")
     p.add_argument("--card", type=Path, default=None,
                    help="the dataset card (default: dataset_card.md beside the data folder)")
