@@ -146,3 +146,13 @@ def test_a_failing_second_kernel_writes_nothing(tmp_path):
         build([run], ws / "data", allow_interpret=True)
     assert err.value.rule == "correctness" and "'flash' failed check 'padding-mask'" in str(err.value)
     assert not os.path.exists(ws / "data")
+
+
+def test_the_kernels_beside_a_submission_are_graded_on_the_features_their_rows_use():
+    from tpu_kernel_records_tools.measure.run import features_timed
+
+    plain = {"window": None, "softcap": None, "segments": None, "sinks": None}
+    assert features_timed([plain, {"case_id": "before-masks"}]) == []
+    assert features_timed([plain, {**plain, "sinks": True}, {**plain, "window": [63, 0], "softcap": 50.0}]) == [
+        "window", "softcap", "sinks"]
+    assert features_timed([{**plain, "segments": 4, "sinks": False}]) == ["segments"]

@@ -87,14 +87,22 @@ def measured_candidates(profile: Profile, scopes: Sequence[str], platform: str |
     return kernels[0], kernels
 
 
+def features_timed(cases: Sequence[dict[str, Any]]) -> list[str]:
+    """The contract's features (window, soft-cap, segments, sinks) that any of the benchmark ``cases`` uses,
+    in the contract's order."""
+    return [f for f in rawio.scorecard_features() if any(case.get(f) not in (None, False) for case in cases)]
+
+
 def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
     return {"candidate": candidate, "kind": "kernel", "passed": False, "score": 0, "max_score": 0,
             "error": f"{type(error).__name__}: {error}"[:2000], "checks": []}
 
 
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
-          known_bad: Sequence[str] | None = None, kernel_level: str = "full") -> list[dict[str, Any]]:
-    """Scorecards of ``kernels`` at ``kernel_level`` (every feature they declare; a paged kernel on the paged
+          known_bad: Sequence[str] | None = None, kernel_level: str = "full",
+          kernel_features: Sequence[str] | None = None) -> list[dict[str, Any]]:
+    """Scorecards of ``kernels`` at ``kernel_level`` (on ``kernel_features``, default every feature they
+    declare; a paged kernel on the paged
     contract, as ``grading.rubric`` grades every paged built-in) and of the known-bad candidates (default:
     every built-in one, the paged ones where a paged kernel is graded; ``()``: none) at the quick level (the base contract and the
     features their intended checks grade), each candidate in its own worker process; every scorecard
@@ -117,7 +125,7 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
         levels = {name: kernel_level if name in kernels else "quick" for name in names}
         # A known-bad is graded on the base contract and the feature its bug is in (its intended checks),
         # not on every feature it declares: that is what showing the rubric still rejects it needs.
-        features = {name: None if name in kernels else
+        features = {name: kernel_features if name in kernels else
                     [c for c in candidates.resolve(name).catches if c in FEATURES] for name in names}
         return [rubric.grade(name, seed=seed, level=levels[name], features=features[name]).to_dict()
                 for name in tqdm(names, desc="rubric", unit="candidate", disable=not progress)]
@@ -280,10 +288,11 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
     submission.time_submission(bench, templates, programs, digests, warmups=warmups, samples=samples, seed=seed,
                                entropy=entropy, device_kind=device_kind, progress=progress,
                                case_budget_s=case_budget_s)
-    # the project's kernels timed beside it answer for their rows too (builder.verdicts)
+    # the project's kernels timed beside it answer for their rows too (builder.verdicts), graded on the
+    # features those rows use
     _, kernels = measured_candidates(prof, submission.bench_scopes(prof, contract), platform)
     baselines = grade([k for k in kernels if k != "reference"], seed=seed, progress=progress, known_bad=(),
-                      kernel_level=level)
+                      kernel_level=level, kernel_features=features_timed(bench.cases))
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes + [
         submission.SUBMITTED_NOTE.format(name=name)]
     env = environment.capture(run_id=run_id, created=created, profile=prof.name, devices_used=bench.devices_used,
