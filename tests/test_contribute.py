@@ -311,3 +311,61 @@ def test_a_pull_request_that_does_not_exist_is_one_line(built, env, capsys):
     with StandInHub() as hub:
         code, _, err = _review(env, capsys, hub, built, "--pr", "3")
     assert code == HUB_STATUS["not-found"] and "has no pull request #3" in _one_line(err)
+
+
+def _swap_in_wrong_programs(run_dir: Path, dest: Path) -> Path:
+    """The honest run with every program replaced by the same call exported from ``tests/submitted/wrong.py``
+    (ignores kv_lengths), the hashes updated everywhere and the manifest re-signed: its scorecard still says
+    passed, and every builder rule still holds (they cannot run a program); only a regrade can tell."""
+    import sys
+
+    from tpu_kernel_records_tools.grading.export import export_programs, program_path, sha256
+
+    sys.path.insert(0, str(Path(__file__).parent / "submitted"))
+    import wrong
+
+    run_dir = Path(shutil.copytree(run_dir, dest / run_dir.name))
+    corr = json.loads((run_dir / "correctness.json").read_text())
+    entries = corr["submission"]["programs"]
+    reply, arrays = export_programs(wrong.attention, [p["signature"] for p in entries], "cpu")
+    assert reply["ok"], reply
+    renamed = {}
+    for entry, array in zip(entries, arrays):
+        (run_dir / entry["path"]).unlink()
+        data = array.tobytes()
+        renamed[entry["sha256"]] = sha256(data)
+        entry.update(sha256=sha256(data), path=program_path(sha256(data)))
+        (run_dir / entry["path"]).write_bytes(data)
+    for card in corr["scorecards"]:
+        card["programs"] = sorted(renamed.get(d, d) for d in card.get("programs", []))
+    bench = json.loads((run_dir / "benchmark.json").read_text())
+    for case in bench["cases"]:
+        if case.get("program_sha256") in renamed:
+            case["program_sha256"] = renamed[case["program_sha256"]]
+    moved = {program_path(old): program_path(new) for old, new in renamed.items()}
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    manifest["files"] = {moved.get(rel, rel): digest for rel, digest in manifest["files"].items()}
+    (run_dir / "manifest.json").write_text(json.dumps(manifest))
+    testing.rewrite(run_dir, "correctness", corr)
+    testing.rewrite(run_dir, "benchmark", bench)
+    for rel in manifest["files"]:
+        if rel.startswith("programs/"):
+            testing.resign(run_dir, rel, (run_dir / rel).read_bytes())
+    return run_dir
+
+
+@pytest.mark.slow  # exports a wrong kernel's programs in process and regrades them
+@pytest.mark.skipif(isolation.unavailable_reason() is not None, reason="bubblewrap cannot run here")
+def test_a_passing_scorecard_over_wrong_programs_is_refused_by_the_regrade(honest_submission, built, env, capsys,
+                                                                           tmp_path):
+    from tpu_kernel_records_tools.builder.build import check_run
+
+    run_dir = _swap_in_wrong_programs(honest_submission, tmp_path)
+    check_run(run_dir, allow_interpret=True)  # the builder's rules cannot tell
+    before = testing.tree_hash(built / "data", built / "dataset_card.md")
+    with StandInHub() as hub:
+        assert _submit(env, capsys, hub, run_dir)[0] == 0
+        code, out, err = _review(env, capsys, hub, built, "--pr", "1", "--build")
+    assert code == 1 and out.startswith(f"#1 {run_dir.name}: refused: [regrade] its programs, regraded on seed ")
+    assert "timed-shapes" in out and "(the submitted scorecard is not trusted)" in out
+    assert testing.tree_hash(built / "data", built / "dataset_card.md") == before
