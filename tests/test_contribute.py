@@ -369,3 +369,17 @@ def test_a_passing_scorecard_over_wrong_programs_is_refused_by_the_regrade(hones
     assert code == 1 and out.startswith(f"#1 {run_dir.name}: refused: [regrade] its programs, regraded on seed ")
     assert "timed-shapes" in out and "(the submitted scorecard is not trusted)" in out
     assert testing.tree_hash(built / "data", built / "dataset_card.md") == before
+
+
+def test_programs_for_another_platform_or_a_broken_run_are_one_line_refusals_not_a_crash(tmp_path):
+    """A TPU run's programs cannot run on this CPU: refused, said where to regrade it; anything else a
+    hostile run makes the regrade raise is its refusal too (review goes on with the next run)."""
+    tpu, broken = tmp_path / "tpu", tmp_path / "broken"
+    for folder, submission in ((tpu, {"platform": "tpu", "programs": []}), (broken, {"platform": "cpu"})):
+        folder.mkdir()
+        (folder / "correctness.json").write_text(json.dumps({"submission": submission}))
+        (folder / "benchmark.json").write_text("{}")
+    out = R.regrade_here({"tpu": tpu, "broken": broken})
+    assert out["tpu"] == ("[regrade] its programs cannot be regraded: its programs target tpu and this machine is "
+                          "cpu: regrade it where they run (review --scheduler ADDRESS of workers with that device)")
+    assert out["broken"].startswith("[regrade] its regrade failed: KeyError: ")

@@ -110,7 +110,9 @@ def regrade_here(runs: dict[str, Path]) -> dict[str, dict[str, Any] | str]:
         try:
             out[run_id] = regrade(run_dir, draw_seed(), draw_entropy())
         except ProgramRefused as e:
-            out[run_id] = f"its programs cannot be regraded: {e}"
+            out[run_id] = f"[regrade] its programs cannot be regraded: {e}"
+        except Exception as e:  # noqa: BLE001 - a hostile run's surprise is its refusal, not the review's end
+            out[run_id] = f"[regrade] its regrade failed: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
     return out
 
 
@@ -125,7 +127,8 @@ def regrade_on_dask(workers: int | None, scheduler: str | None) -> Regrader:
         out: dict[str, dict[str, Any] | str] = {}
         map_on_dask(regrade_task, list(units.values()), workers=workers, scheduler=scheduler,
                     on_result=lambda unit, card: out.__setitem__(named[id(unit)], card),
-                    on_failure=lambda unit, why: out.__setitem__(named[id(unit)], f"its regrade failed: {why}"))
+                    on_failure=lambda unit, why: out.__setitem__(named[id(unit)],
+                                                                  f"[regrade] its regrade failed: {why}"))
         return out
     return run
 
