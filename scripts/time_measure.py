@@ -27,27 +27,28 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parent.parent  # the checkout timed: this script's
 
 
-def time_once(extra: list[str]) -> tuple[float, float, int]:
-    """Wall seconds, CPU seconds (this run's children) and the exit status of one ``measure`` run."""
-    folder = Path(tempfile.mkdtemp(prefix="time-measure-"))
+def time_command(args_in: Callable[[Path], list[str]], label: str = "measure") -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (this run's children) and the exit status of one ``tpu-kernel-records`` run of
+    ``args_in(folder)``, in a fresh temporary ``folder`` (its working directory, removed afterwards)."""
+    folder = Path(tempfile.mkdtemp(prefix="time-command-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}  # as a new user's
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
-    argv = [sys.executable, "-m", "tpu_kernel_records_tools", "measure", "--out", str(folder / "run"), "--quiet",
-            *extra]
     try:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        proc = subprocess.run(argv, cwd=folder, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = subprocess.run([sys.executable, "-m", "tpu_kernel_records_tools", *args_in(folder)], cwd=folder,
+                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     if proc.returncode != 0:
-        print(f"measure failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+        print(f"{label} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, proc.returncode
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"measure {' '.join(args.extra)}: cpus={os.cpu_count()} load_average={load_before}")
     walls, cpus, codes = [], [], []
     for n in range(args.runs):
-        wall, cpu, code = time_once(args.extra)
+        wall, cpu, code = time_command(lambda folder: ["measure", "--out", str(folder / "run"), "--quiet", *args.extra])
         walls.append(wall)
         cpus.append(cpu)
         codes.append(code)

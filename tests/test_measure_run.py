@@ -333,3 +333,18 @@ def test_known_bad_grading_follows_the_profile_unless_told_and_a_skip_is_noted(
     assert asked == [(expect_known_bad, level)]
     assert ("known-bad built-ins were not graded" in notes) == (expect_known_bad == ())
     assert ("measured kernels were graded at the quick level" in notes) == (level == "quick")
+
+
+def test_the_runbook_states_the_recorded_cost_of_the_cpu_run(capsys):
+    """docs/RUNBOOK.md's cost of a CPU run is the one ``scripts/time_measure.py --record`` measured, not typed, and
+    ``measure --help`` says what a CPU run does and where its cost is."""
+    repo = Path(__file__).resolve().parent.parent
+    record = json.loads((repo / "scripts" / "time_measure.json").read_text())
+    assert record["command"] == ["tpu-kernel-records", "measure"] and not any(record["exit_codes"])
+    runbook = " ".join((repo / "docs" / "RUNBOOK.md").read_text().split())
+    assert (f"{record['median_cpu_s']:.0f} CPU-seconds (user and system time of the process and its grading "
+            f"workers) and {record['median_wall_s']:.0f} s of wall time, on {record['machine']},") in runbook
+    with pytest.raises(SystemExit):
+        main(["measure", "--help"])
+    helped = " ".join(capsys.readouterr().out.split())
+    assert "grades the measured kernels at the quick level" in helped and "docs/RUNBOOK.md" in helped
