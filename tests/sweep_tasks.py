@@ -37,6 +37,8 @@ def fake_group(tasks, level: str, time_limit_s, isolation: str) -> list[dict]:
     group holding ``dies-once`` kills its worker process on the group's first attempt, one holding ``broken``
     raises."""
     attempts = [_attempt(name, seed) for name, seed in tasks]
+    seeds = sorted({seed for _, seed in tasks})
+    (Path(os.environ["SWEEP_TEST_DIR"]) / f"group-{'-'.join(map(str, seeds))}-{uuid.uuid4().hex}").touch()
     names = {name for name, _ in tasks}
     if "dies-once" in names and attempts[0] == 1:
         os._exit(1)

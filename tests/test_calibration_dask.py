@@ -10,6 +10,7 @@ at the quick level on one seed of each set through the command, serially, with `
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -44,6 +45,8 @@ def test_each_slot_group_is_one_task_and_every_trial_reaches_the_file(tmp_path, 
     assert result.graded == 24 and result.remaining == 0 and not result.notes
     assert [r["candidate"] for r in result.trials] == [c for c, _ in tasks]
     assert all(attempts(c, s) == 1 for c, s in tasks)
+    calls = sorted(f.name.rsplit("-", 1)[0] for f in Path(os.environ["SWEEP_TEST_DIR"]).glob("group-*"))
+    assert calls == ["group-0-1-2-3-4", "group-1000-1001-1002-1003-1004", "group-1005", "group-5"]
 
 
 def test_resume_on_dask_grades_nothing_twice(tmp_path, attempts):
