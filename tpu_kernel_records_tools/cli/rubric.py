@@ -87,8 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                    help='write {"scorecards": [...]} (with --power: {"power": {...}}) atomically')
     p.add_argument("--list", action="store_true", help="list the built-in candidates and exit")
     p.add_argument("--power", action="store_true",
-                   help="sweep --seeds seeds over the built-ins (or the --candidate ones) and report false "
-                        "rejects and power")
+                   help="sweep --seeds seeds over the built-ins, dense and paged, each on its own contract's "
+                        "rubric (or the --candidate ones) and report false rejects and power")
     p.add_argument("--seeds", type=int, metavar="N", help="number of seeds for --power")
     p.add_argument("--first-seed", type=int, default=0, metavar="N", help="first seed for --power (default 0)")
     p.add_argument("--kernel-seeds", type=int, metavar="N",
