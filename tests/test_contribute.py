@@ -280,10 +280,12 @@ def test_a_submitted_kernel_is_regraded_on_a_new_seed_and_becomes_a_leaderboard_
         regraded = verdict["regrade"]
         assert verdict["accepted"] and regraded["slots_from"] == seed and regraded["seed"] != seed
         assert regraded["score"] == regraded["max_score"] > 0 and regraded["failed"] == []
-        code, out, err = _review(env, capsys, hub, ws, "--pr", "1", "--workers", "1")  # the same, as a Dask task
-        assert code == 0 and out.startswith("#1 pure-jax: accepted") and "regraded on seed" in out, err
+        # the same as a Dask task (against data/ without the run: built, it is refused as a duplicate)
+        code, out, err = _review(env, capsys, hub, built, "--pr", "1", "--workers", "1")
+        run_id = verdict["run_id"]
+        assert code == 0 and out.startswith(f"#1 {run_id}: accepted") and "regraded on seed" in out, err
     rows = pq.read_table(ws / "data" / "benchmark").to_pylist()
-    assert [r["implementation"] for r in rows if r["record_id"] == honest_submission.name].count("submitted") == 1
+    assert [r["implementation"] for r in rows if r["record_id"] == run_id].count("submitted") == 1
 
 
 def test_a_run_already_in_the_data_is_refused_before_any_build(built, env, capsys):
@@ -366,7 +368,8 @@ def test_a_passing_scorecard_over_wrong_programs_is_refused_by_the_regrade(hones
     with StandInHub() as hub:
         assert _submit(env, capsys, hub, run_dir)[0] == 0
         code, out, err = _review(env, capsys, hub, built, "--pr", "1", "--build")
-    assert code == 1 and out.startswith(f"#1 {run_dir.name}: refused: [regrade] its programs, regraded on seed ")
+    run_id = json.loads((run_dir / "environment.json").read_text())["run_id"]
+    assert code == 1 and out.startswith(f"#1 {run_id}: refused: [regrade] its programs, regraded on seed ")
     assert "timed-shapes" in out and "(the submitted scorecard is not trusted)" in out
     assert testing.tree_hash(built / "data", built / "dataset_card.md") == before
 
