@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from tpu_kernel_records_tools.bench import roofline, stats
 from tpu_kernel_records_tools.bench.cases import build_cases, get_profile
-from tpu_kernel_records_tools.builder.verdicts import graded_candidate
+from tpu_kernel_records_tools.builder.verdicts import features_by_candidate, graded_candidate
 from tpu_kernel_records_tools.records import rawio
 from kernel_src.registry import by_grading_name
 
@@ -130,12 +130,14 @@ def stand_in_kernel_cards(run_dir: Path) -> Path:
     each of them is tested apart (test_measure_run, test_paged_records)."""
     doc = json.loads((Path(run_dir) / "correctness.json").read_text())
     cases = json.loads((Path(run_dir) / "benchmark.json").read_text())["cases"]
+    used = features_by_candidate(cases, doc)  # graded on the features its rows use, as measure grades them
     for name in timed_kernels(cases, doc):
-        impl = by_grading_name(name)
+        paged = (impl := by_grading_name(name)) is not None and impl.paged
+        checks = [{"name": check, "passed": True, "points": 1, "max_points": 1, "detail": SYNTHETIC}
+                  for check in ["stand-in", *(("paged-" if paged else "") + f for f in used[name])]]
         doc["scorecards"].append({
-            "candidate": name, "kind": "kernel", "passed": True, "score": 1, "max_score": 1, "error": None,
-            "contract": "paged" if impl is not None and impl.paged else "attention",
-            "checks": [{"name": "stand-in", "passed": True, "points": 1, "max_points": 1, "detail": SYNTHETIC}]})
+            "candidate": name, "kind": "kernel", "passed": True, "score": len(checks), "max_score": len(checks),
+            "error": None, "contract": "paged" if paged else "attention", "features": used[name], "checks": checks})
     rewrite(Path(run_dir), "correctness", doc)
     return Path(run_dir)
 

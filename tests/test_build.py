@@ -272,7 +272,7 @@ def test_real_tiny_cpu_run_builds_with_allow_interpret(tmp_path, monkeypatch):
     # Grading the Pallas kernel in interpret mode takes minutes on a CPU: grade cheap candidates instead, at
     # the quick level (a CPU profile's runs may be; the full level is test_measure_run's); the benchmark is real.
     grade = run_module.grade
-    monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None, kernel_level=None: grade(
+    monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None, kernel_level=None, **_: grade(
         ["reference"], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick"))
     monkeypatch.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
     # the tiny profile's paged decode step too (issue 36): its cache columns and bytes reach the tables

@@ -295,7 +295,7 @@ def test_measure_on_the_tiny_profile_writes_the_mask_cases_and_build_verify_load
     from tpu_kernel_records_tools.measure import run as run_module
 
     grade = run_module.grade
-    monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None, kernel_level=None: grade(
+    monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None, kernel_level=None, **_: grade(
         ["reference"], seed=seed, progress=progress, known_bad=[], kernel_level="quick"))
     monkeypatch.setattr(run_module, "measured_candidates", lambda profile, scopes: ("reference", ["reference"]))
     run = testing.stand_in_kernel_cards(run_module.run_measure(tmp_path / "run", profile="tiny", warmups=0,

@@ -24,7 +24,7 @@ HAS_RUBRIC = importlib.util.find_spec("tpu_kernel_records_tools.grading.rubric")
 REAL_GRADE = run_module.grade
 
 
-def _stub_scorecards(kernels, *, seed, progress, known_bad=None, kernel_level="full"):
+def _stub_scorecards(kernels, *, seed, progress, known_bad=None, kernel_level="full", kernel_features=None):
     check = {"name": "stub", "passed": True, "points": 1, "max_points": 1, "detail": "measure.rubric missing"}
     return [{"candidate": k, "kind": "kernel", "passed": True, "score": 1, "max_score": 1, "checks": [check]}
             for k in kernels]
@@ -35,7 +35,7 @@ def _stub_scorecards(kernels, *, seed, progress, known_bad=None, kernel_level="f
 MEASURED = "online-softmax"
 
 
-def _quick_real_grade(kernels, *, seed, progress, known_bad=None, kernel_level="full"):
+def _quick_real_grade(kernels, *, seed, progress, known_bad=None, kernel_level="full", kernel_features=None):
     """The real rubric on cheap candidates: grading Pallas in interpret mode takes minutes on this
     CPU, too long for a unit test. The candidate choice itself is tested on its own below."""
     return REAL_GRADE([MEASURED], seed=seed, progress=progress, known_bad=["zeros"], kernel_level="quick")
@@ -333,6 +333,25 @@ def test_known_bad_grading_follows_the_profile_unless_told_and_a_skip_is_noted(
     assert asked == [(expect_known_bad, level)]
     assert ("known-bad built-ins were not graded" in notes) == (expect_known_bad == ())
     assert ("measured kernels were graded at the quick level" in notes) == (level == "quick")
+
+
+@pytest.mark.parametrize("profile", ["tiny", "cpu", "gpu"])
+def test_a_quick_grade_covers_the_features_each_kernels_rows_use_and_the_full_one_all(
+        tmp_path, run, monkeypatch, profile):
+    cases = [dict(c) for c in run["benchmark"]["cases"]]
+    flash = {**cases[-1], "case_id": "masks-fwd-flash", "implementation": "flash", "window": [63, 0], "sinks": True}
+    monkeypatch.setattr(run_module, "run_benchmark", lambda *a, **k: BenchmarkResult(
+        cases=[*cases, flash], pairs=list(run["benchmark"]["pairs"])))
+    asked = []
+    monkeypatch.setattr(run_module, "grade", lambda kernels, **kw: asked.append((kernels, kw["kernel_features"]))
+                        or run["correctness"]["scorecards"])
+    run_module.run_measure(tmp_path / "f", profile=profile, scopes=["softmax", "masks-fwd"], progress=False)
+    (kernels, features), = asked
+    assert kernels == ["pallas", "flash"]
+    if profile == "gpu":
+        assert features is None  # every feature each kernel declares, at the full level
+    else:
+        assert {k: features[k] for k in kernels} == {"pallas": [], "flash": ["window", "sinks"]}
 
 
 def test_the_runbook_states_the_recorded_cost_of_the_cpu_run(capsys):

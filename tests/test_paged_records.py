@@ -226,7 +226,7 @@ def test_measure_on_the_cpu_profiles_paged_cases_builds_verifies_and_loads(tmp_p
     from tpu_kernel_records_tools.measure import run as run_module
 
     grade = run_module.grade
-    monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None, kernel_level=None: grade(
+    monkeypatch.setattr(run_module, "grade", lambda kernels, *, seed, progress, known_bad=None, kernel_level=None, **_: grade(
         ["paged-reference"], seed=seed, progress=progress, known_bad=[], kernel_level="quick"))
     monkeypatch.setattr(run_module, "measured_candidates",
                         lambda profile, scopes: ("paged-reference", ["paged-reference"]))

@@ -17,7 +17,8 @@ import release_fixtures as testing
 from test_stranger_rules import NAME, as_read, documents as submitted_documents
 from tpu_kernel_records_tools.builder import rules, tables
 from tpu_kernel_records_tools.builder.build import BuildError, build
-from tpu_kernel_records_tools.builder.verdicts import PASSED, graded_candidate, graded_verdict
+from tpu_kernel_records_tools.builder.verdicts import (PASSED, check_timed, features_by_candidate,
+                                                       features_used, graded_candidate, graded_verdict)
 from tpu_kernel_records_tools.records import rawio
 
 KERNELS = ("softmax", "attention", "flash")  # pallas (the headline kernel), then flash second
@@ -149,10 +150,49 @@ def test_a_failing_second_kernel_writes_nothing(tmp_path):
 
 
 def test_the_kernels_beside_a_submission_are_graded_on_the_features_their_rows_use():
-    from tpu_kernel_records_tools.measure.run import features_timed
-
     plain = {"window": None, "softcap": None, "segments": None, "sinks": None}
-    assert features_timed([plain, {"case_id": "before-masks"}]) == []
-    assert features_timed([plain, {**plain, "sinks": True}, {**plain, "window": [63, 0], "softcap": 50.0}]) == [
+    assert features_used([plain, {"case_id": "before-masks"}]) == []
+    assert features_used([plain, {**plain, "sinks": True}, {**plain, "window": [63, 0], "softcap": 50.0}]) == [
         "window", "softcap", "sinks"]
-    assert features_timed([{**plain, "segments": 4, "sinks": False}]) == ["segments"]
+    assert features_used([{**plain, "segments": 4, "sinks": False}]) == ["segments"]
+    cases = [{"implementation": "flash", "window": [63, 0]}, {"implementation": "xla", "sinks": True},
+             {"implementation": "pallas"}, {"implementation": "submitted", "softcap": 50.0}]
+    assert features_by_candidate(cases, {"measured_candidate": NAME}) == {
+        "flash": ["window"], "reference": ["sinks"], "pallas": [], NAME: ["softcap"]}
+
+
+def _uses_window(run: dict[str, Any], implementation: str) -> None:
+    for case in run["benchmark"]["cases"]:
+        if case["implementation"] == implementation:
+            case["window"] = [63, 0]
+
+
+def _graded_on(card: dict[str, Any], feature: str) -> None:
+    """Declare ``feature`` and add its passing check, the way the rubric writes a card graded on it."""
+    card["checks"].append({**card["checks"][0], "name": feature})
+    card.update(features=[feature], score=card["score"] + 1, max_score=card["max_score"] + 1)
+
+
+@pytest.mark.parametrize("implementation, candidate", [("flash", "flash"), ("xla", "reference")])
+def test_a_row_using_a_feature_its_scorecard_was_not_graded_on_is_refused(implementation, candidate):
+    run = _run(testing.documents(scopes=KERNELS))
+    _uses_window(run, implementation)
+    i, card = _card(run, candidate)
+    with pytest.raises(rawio.RunError) as err:
+        check_timed(run)
+    assert (err.value.rule, err.value.field) == ("correctness", f"scorecards/{i}/features")
+    assert str(err.value).endswith(f"{candidate!r} is timed on rows with feature(s) window but was not graded on "
+                                   "them (features: [])")
+    _graded_on(card, "window")
+    check_timed(run)
+    rules._check_scorecard(i, card)  # and the card stays a valid one (its feature graded by its check)
+
+
+def test_an_ungraded_reference_needs_no_feature_and_a_published_summary_is_not_checked():
+    run = _run(testing.documents(scopes=KERNELS))
+    _uses_window(run, "xla")
+    del run["correctness"]["scorecards"][_card(run, "reference")[0]]
+    check_timed(run)
+    published = rawio.read_run(testing.REPO / "data" / "raw" / testing.PUBLISHED)
+    _uses_window(published, "pallas")
+    check_timed(published)

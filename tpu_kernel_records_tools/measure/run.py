@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import jax
 from tqdm.auto import tqdm
 
 from ..measure import environment
 from ..records import rawio
+from ..builder.verdicts import features_by_candidate
 from ..bench.benchmark import BenchmarkResult, run_benchmark
 from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, PAGED_SCOPES, Profile, default_profile, get_profile
 
@@ -87,12 +88,6 @@ def measured_candidates(profile: Profile, scopes: Sequence[str], platform: str |
     return kernels[0], kernels
 
 
-def features_timed(cases: Sequence[dict[str, Any]]) -> list[str]:
-    """The contract's features (window, soft-cap, segments, sinks) that any of the benchmark ``cases`` uses,
-    in the contract's order."""
-    return [f for f in rawio.scorecard_features() if any(case.get(f) not in (None, False) for case in cases)]
-
-
 def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
     return {"candidate": candidate, "kind": "kernel", "passed": False, "score": 0, "max_score": 0,
             "error": f"{type(error).__name__}: {error}"[:2000], "checks": []}
@@ -100,9 +95,9 @@ def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
 
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
           known_bad: Sequence[str] | None = None, kernel_level: str = "full",
-          kernel_features: Sequence[str] | None = None) -> list[dict[str, Any]]:
-    """Scorecards of ``kernels`` at ``kernel_level`` (on ``kernel_features``, default every feature they
-    declare; a paged kernel on the paged
+          kernel_features: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
+    """Scorecards of ``kernels`` at ``kernel_level`` (each on ``kernel_features[kernel]``: the features its rows
+    use, ``builder.verdicts.features_by_candidate``; default every feature it declares; a paged kernel on the paged
     contract, as ``grading.rubric`` grades every paged built-in) and of the known-bad candidates (default:
     every built-in one, the paged ones where a paged kernel is graded; ``()``: none) at the quick level (the base contract and the
     features their intended checks grade), each candidate in its own worker process; every scorecard
@@ -125,7 +120,8 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
         levels = {name: kernel_level if name in kernels else "quick" for name in names}
         # A known-bad is graded on the base contract and the feature its bug is in (its intended checks),
         # not on every feature it declares: that is what showing the rubric still rejects it needs.
-        features = {name: kernel_features if name in kernels else
+        asked = (lambda name: None) if kernel_features is None else (lambda name: kernel_features.get(name, ()))
+        features = {name: asked(name) if name in kernels else
                     [c for c in candidates.resolve(name).catches if c in FEATURES] for name in names}
         return [rubric.grade(name, seed=seed, level=levels[name], features=features[name]).to_dict()
                 for name in tqdm(names, desc="rubric", unit="candidate", disable=not progress)]
@@ -173,8 +169,12 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
     bench = run_benchmark(prof, scopes, warmups=warmups, samples=samples, seed=seed, progress=progress)
     measured, kernels = measured_candidates(prof, scopes)
     known_bad = prof.grade_known_bad if known_bad is None else known_bad
+    # a quick grade (a CPU profile's) covers the base contract and the features each kernel's rows use; the
+    # full level every feature the kernel declares
+    used = features_by_candidate(bench.cases, {"measured_candidate": measured})
     scorecards = grade(kernels, seed=seed, progress=progress, known_bad=None if known_bad else (),
-                       kernel_level=prof.kernel_level)
+                       kernel_level=prof.kernel_level,
+                       kernel_features=None if prof.kernel_level == "full" else used)
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes
     if prof.kernel_level != "full":
         notes.append(QUICK_LEVEL_NOTE.format(profile=prof.name))
@@ -292,7 +292,8 @@ def run_submitted(spec: str, name: str, out: Path | None = None, *, profile: str
     # features those rows use
     _, kernels = measured_candidates(prof, submission.bench_scopes(prof, contract), platform)
     baselines = grade([k for k in kernels if k != "reference"], seed=seed, progress=progress, known_bad=(),
-                      kernel_level=level, kernel_features=features_timed(bench.cases))
+                      kernel_level=level,
+                      kernel_features=features_by_candidate(bench.cases, {"measured_candidate": name}))
     notes = ([INTERPRET_WARNING] if bench.interpret else []) + bench.notes + [
         submission.SUBMITTED_NOTE.format(name=name)]
     env = environment.capture(run_id=run_id, created=created, profile=prof.name, devices_used=bench.devices_used,
