@@ -345,7 +345,9 @@ def test_a_quick_grade_covers_the_features_each_kernels_rows_use_and_the_full_on
     asked = []
     monkeypatch.setattr(run_module, "grade", lambda kernels, **kw: asked.append((kernels, kw["kernel_features"]))
                         or run["correctness"]["scorecards"])
-    run_module.run_measure(tmp_path / "f", profile=profile, scopes=["softmax", "masks-fwd"], progress=False)
+    folder = run_module.run_measure(tmp_path / "f", profile=profile, scopes=["softmax", "masks-fwd"], progress=False)
+    notes = rawio.read_run(folder)["environment"]["notes"] or ""
+    assert ("each on the base contract and the features its timed rows use" in notes) == (profile != "gpu")
     (kernels, features), = asked
     assert kernels == ["pallas", "flash"]
     if profile == "gpu":

@@ -46,7 +46,8 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
                     "file), validated against the shipped JSON Schemas and written atomically. On a "
                     "CPU, Pallas runs in interpret mode: those timings say nothing about kernel speed. A CPU "
                     "run (profiles cpu and tiny) is a demonstration and an interpret-mode record: it grades the "
-                    "measured kernels at the quick level, which shows that their path runs (what it costs, "
+                    "measured kernels at the quick level, on the base contract and the features their timed rows use, "
+                    "which shows that their path runs (what it costs, "
                     "measured: docs/RUNBOOK.md); the tpu-v5e and gpu profiles grade them at the full level.")
     p.add_argument("--out", type=Path, metavar="DIR",
                    help="run folder to create (must not exist); default runs/<run_id>/")

@@ -32,7 +32,8 @@ PEAK_MEMORY_NOTE = ("peak_memory_bytes is the backend's high-water mark (memory_
 KNOWN_BAD_SKIPPED_NOTE = ("The known-bad built-ins were not graded in this run (profile {profile}, or "
                           "--no-known-bad); the release's grader-power record shows the rubric rejecting "
                           "each of them on every seed.")
-QUICK_LEVEL_NOTE = ("The measured kernels were graded at the quick level (profile {profile}): on a CPU the "
+QUICK_LEVEL_NOTE = ("The measured kernels were graded at the quick level (profile {profile}), each on the base "
+                    "contract and the features its timed rows use: on a CPU the "
                     "kernels are interpreted and this run shows that their path runs; the full level's "
                     "model-sized problems are graded under the tpu-v5e and gpu profiles.")
 RUNS_DIR = Path("runs")
