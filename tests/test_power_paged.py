@@ -102,3 +102,24 @@ def test_the_paged_rubric_rejects_a_known_bad_paged_builtin_in_the_sweep():
     assert entries["paged-pool-order"]["rejected_by"] == {"paged-permutation": 1}
     assert power["by_contract"]["paged"] == {"false_rejects": 0, "correct_trials": 1, "missed_bad": 0,
                                              "bad_trials": 2}
+
+
+def test_the_latest_sweep_of_each_contract_is_shown_unfolded(monkeypatch):
+    """A newer paged-only record does not fold away the latest dense one; older records of a contract do fold."""
+    monkeypatch.setattr(P, "grade_seeds", _stub)
+    dense = P.measure_power(seeds=1, candidates=["reference", "zeros"], progress=False, level="quick")
+    paged = P.measure_power(seeds=1, candidates=["paged-reference", "paged-kv-swapped"], progress=False, level="quick")
+    sweeps = [("grader-power-20260101t000000z", dense), ("grader-power-20260102t000000z", dense),
+              ("grader-power-20260103t000000z", paged)]
+    tables_of = []
+    for rid, power in sweeps:
+        docs = power_documents(json.loads(json.dumps(power)), {**testing.documents()["environment"], "run_id": rid})
+        files = {f"{name}.json": "0" * 64 for name in rawio.DOCUMENTS}
+        run = {"manifest": {"format_version": 1, "run_id": rid, "files": files}, **docs}
+        tables_of.append(tables.record_tables(rules.accept(run))["correctness"])
+    import pyarrow as pa
+
+    text = card.power(pa.concat_tables(tables_of))
+    shown, folded = text.split("<details>")
+    assert shown.index("grader-power-20260103t000000z") < shown.index("grader-power-20260102t000000z")
+    assert "grader-power-20260101t000000z" not in shown and "grader-power-20260101t000000z" in folded

@@ -140,18 +140,25 @@ def _power_settings(record_id: str, platform: str, s: dict[str, Any]) -> str:
 
 
 def power(correctness: pa.Table) -> str:
-    """The grader-power table of the latest sweep (per candidate: trials, rejections, by which check, needed
-    k), the earlier sweeps folded under ``<details>``."""
+    """The grader-power tables of the latest sweep of each contract (per candidate: trials, rejections, by which
+    check, needed k), newest first; the earlier sweeps folded under ``<details>``."""
     rows = [r for r in correctness.to_pylist() if r["row_kind"] == "power"]
     if not rows:
         return "_No record carries a grader-power summary yet._\n"
     by_record: dict[str, list] = {}
     for r in rows:
         by_record.setdefault(r["record_id"], []).append(r)
-    parts = [_power_table(by_record[rid]) for rid in sorted(by_record, reverse=True)]  # ids end in their UTC stamp
-    if len(parts) > 1:
-        parts[1:] = ["<details><summary>Earlier grader-power records</summary>\n\n" + "\n".join(parts[1:])
-                     + "\n</details>\n"]
+    latest, covered = [], set()
+    for rid in sorted(by_record, reverse=True):  # ids end in their UTC stamp
+        contracts = {r["contract"] for r in by_record[rid]}
+        if contracts - covered:
+            latest.append(rid)
+            covered |= contracts
+    earlier = [rid for rid in sorted(by_record, reverse=True) if rid not in latest]
+    parts = [_power_table(by_record[rid]) for rid in latest]
+    if earlier:
+        parts.append("<details><summary>Earlier grader-power records</summary>\n\n"
+                     + "\n".join(_power_table(by_record[rid]) for rid in earlier) + "\n</details>\n")
     return "\n".join(parts)
 
 
