@@ -115,12 +115,30 @@ def documents(run_id: str = "synthetic-cpu", *, platform: str = "cpu", interpret
 
 
 def write(out: Path, run_id: str = "synthetic-cpu", edit: Callable[[dict[str, Any]], None] | None = None,
-          **kwargs: Any) -> Path:
-    """Write a synthetic run folder ``out/run_id`` (``edit`` may change the documents first)."""
+          *, graded_on_rows: bool = True, **kwargs: Any) -> Path:
+    """Write a synthetic run folder ``out/run_id`` (``edit`` may change the documents first); with
+    ``graded_on_rows``, each timed kernel's scorecard then covers the features its (edited) rows use."""
     docs = documents(run_id, **kwargs)
     if edit is not None:
         edit(docs)
+    if graded_on_rows:
+        grade_features_of_rows(docs)
     return rawio.write_run(Path(out) / run_id, docs)
+
+
+def grade_features_of_rows(docs: dict[str, Any]) -> None:
+    """Give each scorecard of a timed kernel a passing check per feature its rows use that it was not graded
+    on, as ``measure`` grades every kernel on its rows' features (``builder.verdicts.check_features``)."""
+    correctness = docs["correctness"]
+    used = features_by_candidate(docs["benchmark"]["cases"], correctness)
+    for card in correctness["scorecards"]:
+        missing = [f for f in used.get(card["candidate"], ()) if f not in (card.get("features") or ())]
+        if missing:
+            card["features"] = [*(card.get("features") or ()), *missing]
+            card["checks"] += [{"name": f, "passed": True, "points": 1, "max_points": 1, "detail": SYNTHETIC}
+                               for f in missing]
+            card["score"] += len(missing)
+            card["max_score"] += len(missing)
 
 
 def stand_in_kernel_cards(run_dir: Path) -> Path:

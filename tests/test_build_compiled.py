@@ -24,7 +24,7 @@ REASON = compiled.unavailable_reason()
 needs_libtpu = pytest.mark.skipif(REASON is not None, reason=str(REASON))
 
 
-def _stub_grade(kernels, *, seed, progress, known_bad=None, kernel_level="full"):
+def _stub_grade(kernels, *, seed, progress, known_bad=None, kernel_level="full", kernel_features=None):
     """A passing scorecard: grading is tested elsewhere (it takes minutes on this CPU)."""
     check = {"name": "stub", "passed": True, "points": 1, "max_points": 1, "detail": "not graded here"}
     return [{"candidate": k, "kind": "kernel", "passed": True, "score": 1, "max_score": 1,
