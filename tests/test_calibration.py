@@ -17,6 +17,7 @@ import pytest
 
 from tpu_kernel_records_tools.cli.main import main
 from tpu_kernel_records_tools.grading import calibration as cal
+from tpu_kernel_records_tools.grading import calibration_report as cal_report
 from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading import trials_file
 
@@ -151,7 +152,7 @@ def test_the_distribution_digest_follows_every_input_of_every_drawn_problem(monk
 def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
     trials = [_record("a", 0, forward=2.0), _record("b", 0), _record("a", 1, gradient=4.1), _record("b", 1),
               _record("a", 1000, forward=3.0), {**_record("a", 1001, passed=False), "slots_from": 1000}]
-    table = cal.report(trials, notes=["5 of 8 trials not graded yet"])
+    table = cal_report.report(trials, notes=["5 of 8 trials not graded yet"])
     assert "2 calibration seeds (0-1; 2 slot draws)" in table and "2 held-out seeds (1000-1001; 1 slot draw)" in table
     assert "| a | 2 | 2.00 / 4.10 | 2 | 3.00 / 2.00 | 0 + 1 |" in table
     assert "| b | 2 | 1.50 / 2.00 | 0 | - | 0 + - |" in table
@@ -162,46 +163,47 @@ def test_the_report_counts_seeds_and_states_the_rule_and_each_false_reject():
     assert ("3.0 per trial of a pure-JAX candidate (3.0 on a slot group's first seed, which compiles; 3.0 on the "
             "other seeds), of which 1.0 is its share") in table
     compiled, reused = {**_record("a", 0), "cpu_s": 5.0, "slots_from": 0}, {**_record("a", 1), "slots_from": 0}
-    split = cal.summary([compiled, reused])
+    split = cal_report.summary([compiled, reused])
     assert (split["first_seed_cpu_s_per_trial"], split["other_seeds_cpu_s_per_trial"]) == (6.0, 3.0)
-    assert "(6.0 on a slot group's first seed, which compiles; 3.0 on the other seeds)" in cal.report([compiled, reused])
-    assert "on a slot group's first seed" not in cal.report([compiled])  # no other seed yet: no split stated
+    assert "(6.0 on a slot group's first seed, which compiles; 3.0 on the other seeds)" in cal_report.report([compiled, reused])
+    assert "on a slot group's first seed" not in cal_report.report([compiled])  # no other seed yet: no split stated
     assert "per candidate: a 2.0, b 2.0." in table
-    assert "OVER the policy" in cal.report([_record("a", 1000, gradient=6.5)])
+    assert "OVER the policy" in cal_report.report([_record("a", 1000, gradient=6.5)])
     near = {**_record("a", 1000), "groups": {"gradient/float32": [0.97, 5.35, 3.84], "forward/float32": [0.1, 1, 0.5]}}
-    assert cal.summary([near, _record("a", 0)])["floor_needed"] == {"calibration": 0.0, "held-out": 3.84}
-    assert "calibration 0.00, held-out 3.84 (policy: FLOOR_EPS 4;" in cal.report([near, _record("a", 0)])
-    assert "No held-out seed graded yet." in cal.report([_record("a", 0)]) and \
-        "Held-out largest" not in cal.report([_record("a", 0)])
+    assert cal_report.summary([near, _record("a", 0)])["floor_needed"] == {"calibration": 0.0, "held-out": 3.84}
+    assert "calibration 0.00, held-out 3.84 (policy: FLOOR_EPS 4;" in cal_report.report([near, _record("a", 0)])
+    assert "No held-out seed graded yet." in cal_report.report([_record("a", 0)]) and \
+        "Held-out largest" not in cal_report.report([_record("a", 0)])
 
 
 def test_the_reports_cost_per_trial_leaves_the_interpret_mode_kernels_apart():
     kernel = dict(_record("flash", 0), cpu_s=500.0, shared_cpu_s=1.0)
-    table = cal.report([_record("a", 0), _record("b", 0), kernel])
+    table = cal_report.report([_record("a", 0), _record("b", 0), kernel])
     assert "3.0 CPU-s per trial (candidate and seed) of the pure-JAX candidates" in table
     assert "per candidate: a 2.0, b 2.0. The kernels' own, in interpret mode: flash 500.0." in table
-    assert "kernels' own" not in cal.report([_record("a", 0)])
+    assert "kernels' own" not in cal_report.report([_record("a", 0)])
     here = [dict(_record(n, s), machine="this machine") for n in ("a", "b") for s in (0, 1)]
     there = [dict(kernel, seed=seed, machine="the kernels' machine") for seed in (0, 1)]
     there.append(dict(kernel, seed=2, cpu_s=300.0, machine="this machine"))
-    s = cal.summary([*here, *there])
+    s = cal_report.summary([*here, *there])
     assert s["cost_machine"] == "this machine" and s["kernel_cost_machine"] == "the kernels' machine"
     assert s["own_cpu_s_per_trial"] == {"a": 2.0, "b": 2.0} and s["kernel_own_cpu_s_per_trial"] == {"flash": 500.0}
     assert ("The kernels' own, in interpret mode: flash 500.0 (graded on the kernels' machine)."
-            in cal.report([*here, *there]))
+            in cal_report.report([*here, *there]))
 
 
 def test_the_cost_is_one_machines_the_one_that_graded_the_most():
     here = [dict(_record(n, 0), machine="this machine") for n in ("a", "b")]
     there = dict(_record("a", 1), machine="a faster one", cpu_s=0.5, shared_cpu_s=0.1)
-    s = cal.summary([*here, there])
+    s = cal_report.summary([*here, there])
     assert s["cost_machine"] == "this machine" and s["cost_trials"] == 2 and s["cpu_s_per_trial"] == 3.0
     assert s["other_machines"] == {"a faster one": {"trials": 1, "cpu_s_per_trial": 0.6}}
-    table = cal.report([*here, there])
+    table = cal_report.report([*here, there])
     assert "measured on this machine (2 trials;" in table and "the 1 trials graded on other machines are priced apart" in table
     assert "On other machines: a faster one: 0.6 per trial of a pure-JAX candidate (1 trials)." in table
-    alone = cal.report(here)
-    assert "priced apart" not in alone and "other machines" not in alone and cal.summary(here)["other_machines"] == {}
+    alone = cal_report.report(here)
+    assert "priced apart" not in alone and "other machines" not in alone
+    assert cal_report.summary(here)["other_machines"] == {}
 
 
 def test_a_groups_seeds_take_its_first_seeds_slots_and_their_own_values():
@@ -403,8 +405,8 @@ def test_the_committed_report_is_the_committed_trials_table():
     repo = Path(__file__).resolve().parent.parent
     trials, notes = cal.read_trials(repo / cal.TRIALS_PATH)
     table = (repo / cal.REPORT_PATH).read_text()
-    assert table == cal.report(trials, notes=notes)
-    s = cal.summary(trials)
+    assert table == cal_report.report(trials, notes=notes)
+    s = cal_report.summary(trials)
     assert f"{s['seeds']['calibration']} calibration seeds" in table and f"{s['seeds']['held-out']} held-out seeds" in table
 
 
@@ -468,7 +470,7 @@ def test_the_documented_cost_is_the_committed_trials():
     import re
 
     repo = Path(__file__).resolve().parent.parent
-    s = cal.summary(cal.read_trials(repo / cal.TRIALS_PATH)[0])
+    s = cal_report.summary(cal.read_trials(repo / cal.TRIALS_PATH)[0])
     doc = " ".join(cal.__doc__.split())
     assert f"**{s['cpu_s_per_trial']:.1f} CPU-s per candidate-seed**" in doc
     assert f"{s['shared_cpu_s_per_trial']:.1f} of them the trial's share" in doc
@@ -499,7 +501,7 @@ def test_the_tolerance_docstring_and_the_card_state_the_committed_calibration():
 
     repo = Path(__file__).resolve().parent.parent
     trials = cal.read_trials(repo / cal.TRIALS_PATH)[0]
-    s = cal.summary(trials)
+    s = cal_report.summary(trials)
     assert (s["rule"]["forward"], s["rule"]["gradient"]) == (tolerance.K_FORWARD, tolerance.K_GRADIENT)
     held, pol = s["held_out_largest"], s["policy"]
     assert held["forward"] <= pol["forward"] and held["gradient"] <= pol["gradient"]

@@ -68,7 +68,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                         "then write the report")
     p.add_argument("--markdown", type=Path, default=REPORT_PATH, metavar="PATH",
                    help=f"the report (default {REPORT_PATH})")
-    p.add_argument("--json", type=Path, metavar="PATH", help="also write the summary (grading.calibration.summary)")
+    p.add_argument("--json", type=Path, metavar="PATH",
+                   help="also write the summary (grading.calibration_report.summary)")
     p.add_argument("--timeout", dest="time_limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS",
                    help=f"wall-clock limit of a sandboxed candidate's worker per trial (default {DEFAULT_TIME_LIMIT_S:g})")
     p.add_argument("--isolation", choices=CHOICES, default="auto",
@@ -94,6 +95,7 @@ def _shard(text: str) -> tuple[int, int]:
 
 def _calibrate(args: argparse.Namespace) -> int:
     from ..grading import calibration as cal
+    from ..grading import calibration_report
 
     level = "quick" if args.quick else "full"
     if args.seeds < 1 or args.kernel_seeds < 0 or (args.max_minutes is not None and args.max_minutes <= 0):
@@ -142,11 +144,11 @@ def _calibrate(args: argparse.Namespace) -> int:
         trials, notes = cal.read_trials(args.trials, level)
     for note in [*said, *notes]:
         print(f"tpu-kernel-records calibrate: {note}", file=sys.stderr)
-    table = cal.report(trials, level=level, notes=notes)
+    table = calibration_report.report(trials, level=level, notes=notes)
     print(table, end="")
     if args.markdown:
         write_atomic(args.markdown, table)
-    result = cal.summary(trials)
+    result = calibration_report.summary(trials)
     if args.json:
         write_atomic(args.json, json.dumps(result, indent=1) + "\n")
     pol, held = result["policy"], result["held_out_largest"]
