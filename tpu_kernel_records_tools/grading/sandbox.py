@@ -87,7 +87,6 @@ REPLY_SCHEMA = {
         "features": {"type": "array", "maxItems": 64, "items": {"type": "string", "maxLength": 100}},
         "inputs_modified": {"type": "array", "maxItems": 16, "items": {"type": "string", "maxLength": 100}},
         "op": {"const": "hello"}, "pid": {"type": "integer"}, "syscall_filter": {"type": "string", "maxLength": 100},
-        "why": {"type": ["string", "null"], "maxLength": 1000},
     },
 }
 
@@ -170,7 +169,6 @@ class Sandbox:
         self.cgroup: memcg.MemoryCgroup | None = None
         self.memory_limit = "none"  # what bounds the worker's memory: memcg.KINDS
         self.syscall_filter: str | None = None  # what filtered its system calls: syscalls.KINDS (said at hello)
-        self.syscall_filter_why: str | None = None  # why none, in one line
         self._oom_kills = 0
         self.proc: subprocess.Popen | None = None
         self.returncode: int | None = None  # set once the worker is seen dead
@@ -232,9 +230,7 @@ class Sandbox:
         if header.get("op") != "hello":
             raise ProtocolError("the worker did not say hello")
         said = header.get("syscall_filter")
-        self.syscall_filter = said if said in syscalls.KINDS else "none"
-        why = header.get("why")
-        self.syscall_filter_why = why[:300] if isinstance(why, str) else None
+        self.syscall_filter = said if said in syscalls.KINDS else "none"  # why none: the command's warning
 
     def close(self) -> None:
         """Kill the worker and every process it started (also those that left its session); reap them."""

@@ -290,9 +290,9 @@ def main(argv: list[str] | None = None) -> None:
     processes, file_bytes = (int(argv[3]), int(argv[4])) if len(argv) >= 5 else (0, 0)
     _limit(memory, processes, file_bytes)
     from ..grading.syscalls import confine
-    syscall_filter, why = confine()  # before JAX starts a thread and long before the candidate loads
+    syscall_filter, _ = confine()  # before JAX starts a thread and long before the candidate loads
     server = _Server()
-    _send(fd_out, {"op": "hello", "pid": os.getpid(), "syscall_filter": syscall_filter, "why": why})
+    _send(fd_out, {"op": "hello", "pid": os.getpid(), "syscall_filter": syscall_filter})
     while True:
         try:
             header, arrays = _receive(fd_in)
