@@ -19,8 +19,8 @@ import pytest
 import release_fixtures as testing
 from kernel_src.contract import visible
 from tpu_kernel_records_tools.bench import roofline
-from tpu_kernel_records_tools.bench.cases import (MASK_SCOPES, MODEL_MASKS, SCOPES, TINY_MASKS, build_cases,
-                                                  get_profile)
+from tpu_kernel_records_tools.bench.cases import MASK_SCOPES, SCOPES, build_cases, get_profile
+from tpu_kernel_records_tools.bench.profiles import MODEL_MASKS, TINY_MASKS
 from tpu_kernel_records_tools.builder.build import BuildError, build
 from tpu_kernel_records_tools.records.schema import FEATURES
 

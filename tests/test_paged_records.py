@@ -20,7 +20,8 @@ import pytest
 import release_fixtures as testing
 from kernel_src.contract import visible
 from tpu_kernel_records_tools.bench import roofline
-from tpu_kernel_records_tools.bench.cases import MODEL_PAGED, TINY_PAGED, build_cases, get_profile
+from tpu_kernel_records_tools.bench.cases import build_cases, get_profile
+from tpu_kernel_records_tools.bench.profiles import MODEL_PAGED, TINY_PAGED
 from tpu_kernel_records_tools.builder.build import BuildError, build
 from tpu_kernel_records_tools.records.schema import FEATURES
 

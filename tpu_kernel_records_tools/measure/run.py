@@ -22,7 +22,8 @@ from ..measure import environment
 from ..records import rawio
 from ..builder.verdicts import features_by_candidate
 from ..bench.benchmark import BenchmarkResult, run_benchmark
-from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, PAGED_SCOPES, Profile, default_profile, get_profile
+from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, PAGED_SCOPES, Profile, get_profile
+from ..bench.profiles import default_profile
 
 INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say nothing about kernel "
                      "speed, only that the kernel runs.")
