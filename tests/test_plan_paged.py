@@ -14,8 +14,8 @@ import pytest
 
 import release_fixtures as testing
 from tpu_kernel_records_tools.bench.cases import get_profile
-from tpu_kernel_records_tools.bench.plan import (PAGED_GOALS, PAGED_KERNELS, PagedShape, paged_dma_bytes,
-                                                 paged_plan_shapes)
+from tpu_kernel_records_tools.bench.plan_paged import (PAGED_GOALS, PAGED_KERNELS, PagedShape, paged_dma_bytes,
+                                                       paged_plan_shapes)
 from tpu_kernel_records_tools.builder import plan
 from tpu_kernel_records_tools.cli import main as commands
 from tpu_kernel_records_tools.records.rawio import RunError
@@ -115,13 +115,14 @@ def test_merging_the_paged_rows_into_the_committed_plan_reproduces_it(tmp_path, 
     kept rows and names this one once, however often it is rerun."""
     from tpu_kernel_records_tools.bench import compiled
     from tpu_kernel_records_tools.bench import plan as bench_plan
+    from tpu_kernel_records_tools.bench import plan_paged
 
     committed = testing.REPO / "data" / plan.PLAN_FILE
     doc = json.loads(committed.read_text())
     made = dict(jax=bench_plan.jax.__version__, libtpu=compiled.libtpu_version())
     if (doc["jax"], doc["libtpu"]) != (made["jax"], made["libtpu"]):
         pytest.skip(f"the committed plan was compiled with jax {doc['jax']}, libtpu {doc['libtpu']}")
-    monkeypatch.setattr(bench_plan, "paged_rows", lambda *a, **k: copy.deepcopy(doc["paged_rows"]))
+    monkeypatch.setattr(plan_paged, "paged_rows", lambda *a, **k: copy.deepcopy(doc["paged_rows"]))
 
     import datetime
 

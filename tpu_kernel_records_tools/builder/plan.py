@@ -17,8 +17,8 @@ reference (its XLA fields are null) and a window and tiles of its own; its visib
 its ratios to splash-512, to that least and to every operand once, and its goals' verdicts
 (``bench.plan.WINDOW_GOALS``) must follow. Paged rows (``paged_rows``, absent in plans from before them)
 must be the profile's paged plan shapes with their cases' batch, heads and cache; their least bytes (the
-case's useful bytes), each kernel's page copies (``bench.plan.paged_dma_bytes`` over the case's lengths),
-traffic, ratios and goals' verdicts (``bench.plan.PAGED_GOALS``) must follow. The FLOPs and bytes themselves are the compiler's
+case's useful bytes), each kernel's page copies (``bench.plan_paged.paged_dma_bytes`` over the case's lengths),
+traffic, ratios and goals' verdicts (``bench.plan_paged.PAGED_GOALS``) must follow. The FLOPs and bytes themselves are the compiler's
 statements; nothing re-derives them without compiling again.
 """
 
@@ -32,10 +32,10 @@ from typing import Any
 from ..bench import roofline
 from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, get_profile
 from ..bench.peers import PEERS
-from ..bench.plan import (LABEL, MODES, PAGED_KERNELS, TILE_KEYS, WINDOW_GOALS, PagedShape, Shape,
-                          least_over_best_peer, paged_dma_bytes, paged_goals, paged_least_bytes, paged_markdown,
-                          paged_plan_shapes, paged_ratios, plan_shapes, visible_block_least, window_goals,
-                          window_markdown, window_ratios)
+from ..bench.plan import (LABEL, MODES, TILE_KEYS, WINDOW_GOALS, Shape, least_over_best_peer, paged_markdown,
+                          plan_shapes, visible_block_least, window_goals, window_markdown, window_ratios)
+from ..bench.plan_paged import (PAGED_KERNELS, PagedShape, paged_dma_bytes, paged_goals, paged_least_bytes,
+                                paged_plan_shapes, paged_ratios)
 from ..records.rawio import JSON_ERRORS, RunError
 from .markdown import code, text
 
@@ -129,7 +129,7 @@ PAGED_NUMBERS = ("vmem_bytes", "outside_bytes", "declared_bytes", "declared_flop
 
 
 def _check_paged_rows(rows: Any, profile: str = "tpu-v5e") -> None:
-    """The paged rows (absent: a plan from before them): each a shape of ``bench.plan.paged_plan_shapes`` with
+    """The paged rows (absent: a plan from before them): each a shape of ``bench.plan_paged.paged_plan_shapes`` with
     the cache its case has; its least bytes (the case's useful bytes), each kernel's page copies (its DMA model
     over the case's lengths), traffic, ratios and goals' verdicts follow."""
     if rows is None:

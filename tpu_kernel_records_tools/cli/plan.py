@@ -5,7 +5,7 @@ flash: the peers) for a TPU v5e on this machine (libtpu, no TPU) at each shape o
 the bytes each kernel's Pallas pipeline moves (``bench.pipeline``) and writes the compiler's
 predictions, labelled as such; then the windowed rows (flash with a model's sliding window against
 splash attention's ``LocalMask``, with the goal's ratios and verdicts: ``bench.plan.window_row``) and the
-paged rows (the paged decode kernel against JAX's ``paged_attention``: ``bench.plan.paged_row``).
+paged rows (the paged decode kernel against JAX's ``paged_attention``: ``bench.plan_paged.paged_row``).
 
 ``--scopes`` compiles only some of the row groups and ``--merge PLAN_JSON`` keeps the other groups'
 rows from an existing plan (compiled with the same jax and libtpu): a full plan takes most of an hour
@@ -74,7 +74,7 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
-    from ..bench import plan
+    from ..bench import plan, plan_paged
     from ..builder.plan import check_plan
 
     scopes = list(dict.fromkeys(args.scopes or GROUPS))
@@ -112,7 +112,7 @@ def _plan(args: argparse.Namespace) -> int:
     wanted = [s for s in scopes if s != "paged-decode"]
     rows = [] if not wanted else plan.plan_rows(args.profile, args.seq, args.modes, progress=progress,
                                                  scopes=wanted)
-    paged = (plan.paged_rows(args.profile, args.seq, progress=progress) if "paged-decode" in scopes
+    paged = (plan_paged.paged_rows(args.profile, args.seq, progress=progress) if "paged-decode" in scopes
              else None)
     if old is not None:
         kept = [r for r in old["rows"] if r.get("scope", "flash") not in scopes]
