@@ -11,6 +11,7 @@ import pytest
 
 from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading.candidates import BUILTIN
+from tpu_kernel_records_tools.grading.check_context import _why_hidden
 from tpu_kernel_records_tools.grading.problems import Dims, draw_shapes, normal
 from tests.grading_inprocess import InProcessRunner
 
@@ -85,9 +86,9 @@ def test_a_key_outside_a_window_is_explained_with_the_windows_keys():
     the reason names those bounds; an open side (None) is left blank."""
     p = normal(np.random.default_rng(0), Dims(1, 8, 10, 1, 1, 16), "float32")
     windowed = C.Problem("w", "float32", p.host("q"), p.host("k"), p.host("v"), window=(2, 1))
-    assert C._why_hidden(windowed, 0, 5, 4) == [
+    assert _why_hidden(windowed, 0, 5, 4) == [
         "outside its window_size=(2, 1) (keys 5..8 around its position 7)"]
-    assert C._why_hidden(windowed, 0, 5, 9) == C._why_hidden(windowed, 0, 5, 4)
-    assert C._why_hidden(windowed, 0, 5, 5) == [] and C._why_hidden(windowed, 0, 5, 8) == []
+    assert _why_hidden(windowed, 0, 5, 9) == _why_hidden(windowed, 0, 5, 4)
+    assert _why_hidden(windowed, 0, 5, 5) == [] and _why_hidden(windowed, 0, 5, 8) == []
     left_open = C.Problem("w", "float32", p.host("q"), p.host("k"), p.host("v"), window=(None, 0))
-    assert C._why_hidden(left_open, 0, 5, 8) == ["outside its window_size=(None, 0) (keys ..7 around its position 7)"]
+    assert _why_hidden(left_open, 0, 5, 8) == ["outside its window_size=(None, 0) (keys ..7 around its position 7)"]
