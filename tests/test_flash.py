@@ -18,6 +18,7 @@ import pytest
 from kernel_src.backend import tpu_interpret_races_found
 
 from kernel_src.flash import FlashBlockSizes, flash_attention, plan as flash_plan, tpu as flash_tpu
+from kernel_src.flash import block_skipping
 
 BLOCKS_128 = FlashBlockSizes()  # every block 128
 MIXED = FlashBlockSizes(block_q=128, block_k=128, block_q_dq=64, block_k_dq=128,
@@ -181,7 +182,7 @@ def test_whole_tiles_are_exactly_the_tiles_no_mask_cuts():
         for qi, ki in itertools.product(range(-(-q_len // 128)), range(-(-kv_len // 128))):
             tile = mask[qi * 128:(qi + 1) * 128, ki * 128:(ki + 1) * 128]
             expected = tile.shape == (128, 128) and tile.all()
-            got = bool(flash_plan.whole_tile(qi, ki, 128, 128, length, plan))
+            got = bool(block_skipping.whole_tile(qi, ki, 128, 128, length, plan))
             assert got == expected, (q_len, kv_len, causal, length, qi, ki)
             whole_seen += got
     assert whole_seen > 0  # the unmasked branch is reached at all

@@ -34,6 +34,7 @@ import pytest
 from kernel_src.backend import tpu_interpret_races_found
 from kernel_src.contract import FEATURES, declared_features, visible
 from kernel_src.flash import FlashBlockSizes, flash_attention, plan as flash_plan, tpu as flash_tpu
+from kernel_src.flash import block_skipping
 from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading.feature_checks import _empty_row_violations
 from tpu_kernel_records_tools.grading.problems import Problem
@@ -193,19 +194,19 @@ def test_block_ranges_are_exactly_the_tiles_holding_a_visible_pair():
         tiles[:q_len, :kv_len] = mask
         tiles = tiles.reshape(nq, bq, nk, bk)
         needed, whole = tiles.any(axis=(1, 3)), tiles.all(axis=(1, 3))
-        got = flash_plan.whole_tile(np.arange(nq)[:, None], np.arange(nk)[None, :], bq, bk, length, plan)
+        got = block_skipping.whole_tile(np.arange(nq)[:, None], np.arange(nk)[None, :], bq, bk, length, plan)
         np.testing.assert_array_equal(np.broadcast_to(got, whole.shape), whole)
-        lo, hi = (np.asarray(x) for x in flash_plan.key_block_range(np.arange(nq), length, bq, bk, plan))
+        lo, hi = (np.asarray(x) for x in block_skipping.key_block_range(np.arange(nq), length, bq, bk, plan))
         ki = np.arange(nk)
         np.testing.assert_array_equal((ki >= lo[:, None]) & (ki < hi[:, None]), needed,
                                       err_msg=str((q_len, kv_len, causal, window, bq, bk, length)))
-        lo, hi = (np.asarray(x) for x in flash_plan.query_block_range(ki, length, bq, bk, plan))
+        lo, hi = (np.asarray(x) for x in block_skipping.query_block_range(ki, length, bq, bk, plan))
         qi = np.arange(nq)
         np.testing.assert_array_equal((qi >= lo[:, None]) & (qi < hi[:, None]), needed.T,
                                       err_msg=str((q_len, kv_len, causal, window, bq, bk, length)))
         if length == kv_len:
-            assert flash_plan.max_key_steps(bq, bk, nq, nk, plan) == max(1, needed.sum(1).max())
-            assert flash_plan.max_query_steps(bq, bk, nq, nk, plan) == max(1, needed.sum(0).max())
+            assert block_skipping.max_key_steps(bq, bk, nq, nk, plan) == max(1, needed.sum(1).max())
+            assert block_skipping.max_query_steps(bq, bk, nq, nk, plan) == max(1, needed.sum(0).max())
 
 
 def test_segment_tables_keep_every_block_a_row_may_see_and_pass_over_the_others():
@@ -220,18 +221,18 @@ def test_segment_tables_keep_every_block_a_row_may_see_and_pass_over_the_others(
     mask = visible(np.arange(Q_LEN)[None, :, None], np.arange(KV_LEN)[None, None, :], Q_LEN, KV_LEN,
                    False, LENGTHS[:, None, None], WINDOW, q_ids[:, :, None], kv_ids[:, None, :])
     for by_key in (False, True):
-        needed = np.asarray(flash_plan.needed_blocks(LENGTHS, q_pad, kv_pad, 16, 16, plan,
-                                                     by_key))
+        needed = np.asarray(block_skipping.needed_blocks(LENGTHS, q_pad, kv_pad, 16, 16, plan,
+                                                         by_key))
         exact = np.zeros((2, 3, 5), bool)
         for b, qi, ki in itertools.product(range(2), range(3), range(5)):
             exact[b, qi, ki] = mask[b, qi * 16:(qi + 1) * 16, ki * 16:(ki + 1) * 16].any()
         exact = exact.transpose(0, 2, 1) if by_key else exact
         assert not (exact & ~needed).any()  # every block a row may see is kept
         np.testing.assert_array_equal(needed, exact)  # these ids' ranges are exact
-    needed = flash_plan.needed_blocks(LENGTHS, q_pad, kv_pad, 16, 16, plan)
+    needed = block_skipping.needed_blocks(LENGTHS, q_pad, kv_pad, 16, 16, plan)
     assert needed[0].astype(int).tolist() == [[0, 1, 0, 1, 0], [0, 0, 1, 0, 1], [0, 0, 0, 0, 1]]
     assert needed[1].astype(int).tolist() == [[0, 1, 0, 1, 0], [0, 0, 1, 0, 0], [0, 0, 0, 0, 0]]
-    table, count = flash_plan.block_table(needed, 3)
+    table, count = block_skipping.block_table(needed, 3)
     assert count.tolist() == [[2, 2, 1], [2, 1, 0]]
     assert table[0].tolist() == [[1, 3, 3], [2, 4, 4], [4, 4, 4]]
     assert table[1].tolist() == [[1, 3, 3], [2, 2, 2], [0, 0, 0]]
@@ -310,9 +311,9 @@ def test_a_4096_key_window_over_32768_keys_reads_about_an_eighth_of_the_key_bloc
     for bq, bk, by_key in ((gpu.block_q, gpu.block_k, False), (gpu.block_q_dq, gpu.block_k_dq, False),
                            (gpu.block_q_dkv, gpu.block_k_dkv, True)):
         nq, nk = seq // bq, seq // bk
-        find = flash_plan.query_block_range if by_key else flash_plan.key_block_range
+        find = block_skipping.query_block_range if by_key else block_skipping.key_block_range
         lo, hi = find(np.arange(nk if by_key else nq), seq, bq, bk, triton)
-        assert 0.11 <= int(np.asarray(flash_plan.range_steps(lo, hi)).sum()) / (nq * nk) <= 0.15
+        assert 0.11 <= int(np.asarray(block_skipping.range_steps(lo, hi)).sum()) / (nq * nk) <= 0.15
 
 
 def test_the_flash_entries_declare_every_feature():

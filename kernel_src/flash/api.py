@@ -27,13 +27,14 @@ import jax.numpy as jnp
 from kernel_src import backend
 from kernel_src.contract import (FEATURES, Window, check_features, check_inputs, default_scale,
                                  supports)
-from kernel_src.flash import gpu, tpu
+from kernel_src.flash import gpu, tpu, tpu_backward
 from kernel_src.flash.plan import (LANES, LAYOUTS, FlashBlockSizes, Layout, Plan, fit_blocks,
                                    mosaic_layout, next_power_of_two, round_up,
                                    rows_view_is_free, sink_grads, tpu_tiles, window_span)
 
 Variant = Literal["mosaic", "triton"]
 _LOWERINGS = {"mosaic": tpu, "triton": gpu}
+_BACKWARDS = {"mosaic": tpu_backward.backward, "triton": gpu.backward}
 _FAMILY = {"tpu": "mosaic", "gpu": "triton"}  # the kernels each compiled target takes
 
 
@@ -51,8 +52,8 @@ def _flash_fwd(q, k, v, lengths, ids, sinks, plan: Plan):
 
 def _flash_bwd(plan: Plan, residuals, do):
     q, k, v, lengths, ids, sinks, out, lse = residuals
-    dq, dk, dv, di = _LOWERINGS[plan.variant].backward(q, k, v, lengths, out, lse,
-                                                       do.astype(q.dtype), plan, ids)
+    dq, dk, dv, di = _BACKWARDS[plan.variant](q, k, v, lengths, out, lse, do.astype(q.dtype),
+                                              plan, ids)
     dsinks = None
     if sinks is not None:  # lse and di: [batch, hq, 1, q_pad] (Mosaic), [batch, hk, group, q_pad]
         rows = (lse.shape[0], plan.num_q_heads, lse.shape[-1])

@@ -6,11 +6,11 @@ power-of-two tiles. Views ``[batch, seq, heads, head_dim]`` (dK/dV: ``[batch, se
 group, head_dim]``); row statistics fp32 ``[batch, kv_heads, group, q_pad]``. Lowered to Triton
 IR by the tests; never compiled or run on a GPU from this repository.
 
-Each loop runs over the block range its program needs (``plan.key_block_range``,
-``plan.query_block_range``: a window's blocks, not every block), so a skipped block is never
-loaded. With segment ids each program also reads its row of the needed-block table
-(``plan.needed_blocks``: the blocks' id ranges overlap) and a block whose entry is 0 is passed
-over (``lax.cond``) before it is loaded; the tile's mask compares the ids themselves. A query
+Each loop runs over the block range its program needs (``block_skipping.key_block_range``,
+``block_skipping.query_block_range``: a window's blocks, not every block), so a skipped block is
+never loaded. With segment ids each program also reads its row of the needed-block table
+(``block_skipping.needed_blocks``: the blocks' id ranges overlap) and a block whose entry is 0 is
+passed over (``lax.cond``) before it is loaded; the tile's mask compares the ids themselves. A query
 head's sink starts its rows' running max and sum (``plan.initial_stats``).
 """
 
@@ -24,9 +24,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernel_src import backend
-from kernel_src.flash.plan import (F32, Plan, finish, initial_stats, key_block_range,
-                                   needed_blocks, next_power_of_two, online_softmax_step,
-                                   query_block_range, score_grads, scores, visible_tile)
+from kernel_src.flash.block_skipping import (key_block_range, needed_blocks, query_block_range,
+                                             visible_tile)
+from kernel_src.flash.plan import (F32, Plan, finish, initial_stats, next_power_of_two,
+                                   online_softmax_step, score_grads, scores)
 
 
 def _columns(x: jax.Array, width: int) -> jax.Array:
@@ -173,7 +174,7 @@ def _pad_last(x, size: int):
 
 def _needed(lengths, ids, block_q: int, block_k: int, plan: Plan, by_key: bool):
     """int32 ``[batch, outer blocks, inner blocks padded to a power of two]`` of
-    ``plan.needed_blocks`` (lengths: the real batch's)."""
+    ``block_skipping.needed_blocks`` (lengths: the real batch's)."""
     q_ids, kv_ids = ids
     needed = needed_blocks(lengths[:q_ids.shape[0]], q_ids, kv_ids, block_q, block_k, plan,
                            by_key).astype(jnp.int32)
