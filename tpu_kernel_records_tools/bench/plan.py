@@ -66,7 +66,7 @@ import jax.numpy as jnp
 
 from ..bench import compiled, peers, pipeline, roofline
 from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, get_profile, kv_lengths_for
-from ..bench.plan_paged import PAGED_GOALS
+from ..bench.plan_paged import PAGED_GOALS, paged_dma_bytes  # noqa: F401 (named in the plan's notes as bench.plan.paged_dma_bytes)
 
 LABEL = ("Predicted by the TPU compiler, not measured: programs compiled for a TPU v5e by libtpu "
          "on a machine without a TPU (nothing ran).")
