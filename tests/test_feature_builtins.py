@@ -4,7 +4,7 @@ and per-tile masks, the sink as the rows' first running max and sum) -- pass all
 
 The default run grades at the quick level on seed 0, each known-bad only on its intended check (``only=``); the
 slow run does the same at the full level on seeds 0, 1 and 2. Every known-bad built on
-``candidates._attend_features`` shares its compiled programs with the others and with the same function with its
+``feature_variants._attend_features`` shares its compiled programs with the others and with the same function with its
 switches off, which must pass: removing a bug from its switch turns its candidate correct (nan-first-block without
 its bug is online-softmax-features, the same compiled programs with the guard on). Candidates are graded
 in-process (tests/grading_inprocess.py): the checks and verdicts are the rubric's.
@@ -16,7 +16,8 @@ import pytest
 
 from kernel_src.contract import FEATURES, declared_features
 from tests.grading_inprocess import grade
-from tpu_kernel_records_tools.grading.candidates import BUILTIN, Candidate, FeatureSwitches, _feature_variant
+from tpu_kernel_records_tools.grading.candidates import BUILTIN, Candidate
+from tpu_kernel_records_tools.grading.feature_variants import FeatureSwitches, _feature_variant
 
 # Each known-bad feature built-in and what its failing check's detail must say (the probe that caught it).
 BADS = {
@@ -46,7 +47,7 @@ CASES = [(name, check) for name in BADS for check in BUILTIN[name].catches]
 # own for every probe (5-10 s each), so their quick grades run with the slow tests.
 OWN_PROGRAMS = {"nan-first-block", *CORRECT}
 SWITCHES_OFF = Candidate("features-switches-off", "correct-variant",
-                         "candidates._attend_features with every switch off: the known-bads' code without a bug.",
+                         "feature_variants._attend_features with every switch off: the known-bads' code without a bug.",
                          lambda: _feature_variant())
 
 

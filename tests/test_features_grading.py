@@ -16,7 +16,7 @@ from tpu_kernel_records_tools.grading import oracle
 from tpu_kernel_records_tools.grading.feature_checks import FEATURE_CHECKS, feature_problem
 from tpu_kernel_records_tools.grading.rubric import checks_for
 from tpu_kernel_records_tools.grading.runner import Runner
-from tpu_kernel_records_tools.grading.candidates import _blocks_skipped
+from tpu_kernel_records_tools.grading.feature_variants import _blocks_skipped
 from tpu_kernel_records_tools.grading.slots import BLOCK_SIZES, draw_feature_slots
 from kernel_src import contract
 from kernel_src.reference import reference_attention
@@ -243,7 +243,8 @@ def test_the_packed_cache_slots_catch_a_block_skip_decided_from_one_key(level, s
 
 
 def _skip_hides_a_visible_key(p, block: int) -> bool:
-    """Whether skipping ``block``-key blocks from one key (``candidates._blocks_skipped``) hides a key a row sees."""
+    """Whether skipping ``block``-key blocks from one key (``feature_variants._blocks_skipped``) hides a key a row
+    sees."""
     skipped = _blocks_skipped(jnp.asarray(p.q_segments), jnp.asarray(p.kv_segments), jnp.asarray(block))
     return bool((_visible(p) & np.asarray(skipped)[:, None, :]).any())
 
