@@ -62,7 +62,7 @@ TARGETS = {t.name: t for t in (
                                                 "tests/test_checks_quick.py", "tests/test_grader_speed.py",
                                                 "tests/test_stored_output_rounding.py", "tests/test_calibration.py"),
            20),
-    Target("calibration", f"{PKG}/grading/calibration.py", ("tests/test_calibration.py",), 20),
+    Target("calibration", f"{PKG}/sweeps/calibration.py", ("tests/test_calibration.py",), 20),
     Target("rules", f"{PKG}/builder/rules.py",
            ("tests/test_rule_refusals.py", "tests/test_rule_refusals_compiled_tpu.py"), 20),
     Target("submitted", f"{PKG}/builder/submitted.py", ("tests/test_submitted.py", "tests/test_stranger_rules.py"), 8),

@@ -75,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
               f"load_average={os.getloadavg()}", flush=True)
     print(f"median of {args.runs}: {statistics.median(walls):.1f} s wall, {statistics.median(cpus):.1f} CPU-s")
     if args.record is not None:
-        from tpu_kernel_records_tools.grading.calibration import machine
+        from tpu_kernel_records_tools.sweeps.calibration import machine
 
         record = {"command": ["tpu-kernel-records", "measure", *args.extra], "machine": machine(),
                   "load_average_before": load_before, "load_average_after": [round(x, 1) for x in os.getloadavg()], "exit_codes": codes,

@@ -94,7 +94,7 @@ def grade(name, *, seed: int = 0, level: str = "quick", only: Sequence[str] | No
 
 
 def grade_seeds(candidate, seeds: Sequence[int], *, level: str = "full", **_ignored) -> list[Scorecard]:
-    """``grading.rubric.grade_seeds`` in-process (for ``grading.power`` in tests)."""
+    """``grading.rubric.grade_seeds`` in-process (for ``sweeps.power`` in tests)."""
     runner = InProcessRunner(resolve(candidate).load())
     cards = []
     for seed in seeds:

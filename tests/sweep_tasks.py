@@ -33,7 +33,7 @@ def fake_trial(candidate: str, seed: int, level: str, time_limit_s, isolation: s
 
 
 def fake_group(tasks, level: str, time_limit_s, isolation: str) -> list[dict]:
-    """A calibration slot group (``grading.calibration.group_trials``): a record per ``(candidate, seed)``; a
+    """A calibration slot group (``sweeps.calibration.group_trials``): a record per ``(candidate, seed)``; a
     group holding ``dies-once`` kills its worker process on the group's first attempt, one holding ``broken``
     raises."""
     attempts = [_attempt(name, seed) for name, seed in tasks]

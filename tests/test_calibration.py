@@ -1,4 +1,4 @@
-"""grading.calibration: the trial grades the full grade's numeric problems and gets its needed k; the sweep
+"""sweeps.calibration: the trial grades the full grade's numeric problems and gets its needed k; the sweep
 streams, resumes without grading anything twice, survives a cut-off last line, stops on its budget; the
 report counts seeds, states the rule and names every false reject.
 
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from tpu_kernel_records_tools.cli.main import main
-from tpu_kernel_records_tools.grading import calibration as cal
-from tpu_kernel_records_tools.grading import calibration_report as cal_report
+from tpu_kernel_records_tools.sweeps import calibration as cal
+from tpu_kernel_records_tools.sweeps import calibration_report as cal_report
 from tpu_kernel_records_tools.grading import checks as C
-from tpu_kernel_records_tools.grading import trials_file
+from tpu_kernel_records_tools.sweeps import trials_file
 
 
 def _record(name: str, seed: int, *, forward: float = 1.5, gradient: float = 2.0, passed: bool = True) -> dict:
@@ -320,7 +320,7 @@ def test_the_trials_needed_k_is_the_full_scorecards():
     """The reference on one seed (quick level: the same code path, a minute less): the calibration trial
     (numeric checks, in-process) and the rubric's full scorecard (every check, in its worker process) give
     the same needed k and error/tolerance ratio in every group, and both pass."""
-    from tpu_kernel_records_tools.grading import power
+    from tpu_kernel_records_tools.sweeps import power
     from tpu_kernel_records_tools.grading.candidates import resolve
     from tpu_kernel_records_tools.grading.rubric import grade_seeds
 

@@ -1,4 +1,4 @@
-"""grading.calibration on Dask: one task per slot group, every trial appended by the client as its group
+"""sweeps.calibration on Dask: one task per slot group, every trial appended by the client as its group
 arrives, ``--resume`` grading nothing twice, a killed worker's group graded again, the same trials as a serial
 run.
 
@@ -20,8 +20,8 @@ import pytest
 import sweep_tasks
 from test_sweep import remote_cluster  # noqa: F401  (a fixture)
 from tpu_kernel_records_tools.cli.main import main
-from tpu_kernel_records_tools.grading import calibration as cal
-from tpu_kernel_records_tools.grading import trials_file
+from tpu_kernel_records_tools.sweeps import calibration as cal
+from tpu_kernel_records_tools.sweeps import trials_file
 
 
 @pytest.fixture

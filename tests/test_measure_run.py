@@ -290,7 +290,7 @@ def test_flash_and_sharded_scopes_on_two_host_devices():
 
 
 def test_power_seeds_fill_the_optional_power_summary(tmp_path, replay, monkeypatch):
-    from tpu_kernel_records_tools.grading import power
+    from tpu_kernel_records_tools.sweeps import power
 
     calls = []
     summary = {"seeds": 3, "shapes": [], "policy": {"k": {"forward": 5.0, "gradient": 6.0}, "floor": {"value": 1e-7}},

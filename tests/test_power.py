@@ -1,4 +1,4 @@
-"""grading.power: false rejects, power on known-bad candidates, the JSON format and its Markdown.
+"""sweeps.power: false rejects, power on known-bad candidates, the JSON format and its Markdown.
 
 Grades run in-process (tests/grading_inprocess.py) at the quick level; every count is asserted exactly,
 so a wrong rate (a correct candidate rejected, a known-bad one missed, a miscounted total) fails."""
@@ -8,7 +8,7 @@ import json
 import pytest
 
 from tpu_kernel_records_tools.cli.rubric import main
-from tpu_kernel_records_tools.grading import power as P
+from tpu_kernel_records_tools.sweeps import power as P
 from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard
 from tpu_kernel_records_tools.records import rawio
 from tests import grading_inprocess

@@ -12,7 +12,7 @@ import pytest
 import release_fixtures as testing
 from tpu_kernel_records_tools.builder import card, rules, tables
 from tpu_kernel_records_tools.builder.grader_power import power_documents
-from tpu_kernel_records_tools.grading import power as P
+from tpu_kernel_records_tools.sweeps import power as P
 from tpu_kernel_records_tools.grading.candidates import BUILTIN, PAGED_BUILTIN, resolve
 from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard
 from tpu_kernel_records_tools.records import rawio

@@ -17,7 +17,7 @@ import pytest
 from tpu_kernel_records_tools.grading import checks as C
 from tpu_kernel_records_tools.grading import oracle
 from tpu_kernel_records_tools.grading.candidates import resolve
-from tpu_kernel_records_tools.grading.calibration import seed_problems
+from tpu_kernel_records_tools.sweeps.calibration import seed_problems
 from tpu_kernel_records_tools.grading.tolerance import POLICY, STORED_OUTPUT, judge, needed_k
 from tests import field_adapters
 

@@ -1,4 +1,4 @@
-"""grading.sweep: trials on Dask or in-process, streamed to JSON Lines, resumed, retried once, reported.
+"""sweeps.sweep: trials on Dask or in-process, streamed to JSON Lines, resumed, retried once, reported.
 
 The default run checks the bookkeeping with cheap fake trials (``tests/sweep_tasks.py``) on a real
 2-worker ``LocalCluster``; the slow run grades a real sweep (2 seeds, a correct and a known-bad built-in,
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 import sweep_tasks
-from tpu_kernel_records_tools.grading import power, sweep
+from tpu_kernel_records_tools.sweeps import power, sweep
 from tpu_kernel_records_tools.grading.candidates import resolve
 
 

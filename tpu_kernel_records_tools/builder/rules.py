@@ -229,7 +229,7 @@ def _check_power(power: dict[str, Any] | None) -> None:
 
 
 def _check_power_totals(power: dict[str, Any], candidates: list[dict[str, Any]]) -> None:
-    """The summary's totals follow from its candidates (as ``grading.power`` computes them)."""
+    """The summary's totals follow from its candidates (as ``sweeps.power`` computes them)."""
     correct = [e for e in candidates if e.get("expected") == "pass"]
     bad = [e for e in candidates if e.get("expected") == "reject"]
     totals = {"false_rejects": sum(e.get("rejected") or 0 for e in correct),

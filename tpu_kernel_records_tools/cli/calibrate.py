@@ -1,4 +1,4 @@
-"""``tpu-kernel-records calibrate``: the tolerance calibration (``grading.calibration``), in pieces.
+"""``tpu-kernel-records calibrate``: the tolerance calibration (``sweeps.calibration``), in pieces.
 
 A run grades what the trials file lacks (``--resume``) until ``--max-minutes`` have passed, then writes the
 report from every trial the file holds; ``--report-only`` writes it without grading. For a long run in the
@@ -27,7 +27,7 @@ from ..grading.runner import DEFAULT_TIME_LIMIT_S
 
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``calibrate`` to ``tpu-kernel-records``."""
-    from ..grading.calibration import (HELD_OUT_FIRST_SEED, KERNEL_SEEDS, KERNELS, REPORT_PATH, SLOT_GROUP,
+    from ..sweeps.calibration import (HELD_OUT_FIRST_SEED, KERNEL_SEEDS, KERNELS, REPORT_PATH, SLOT_GROUP,
                                        TRIALS_PATH)
 
     p = subparsers.add_parser(
@@ -69,7 +69,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.add_argument("--markdown", type=Path, default=REPORT_PATH, metavar="PATH",
                    help=f"the report (default {REPORT_PATH})")
     p.add_argument("--json", type=Path, metavar="PATH",
-                   help="also write the summary (grading.calibration_report.summary)")
+                   help="also write the summary (sweeps.calibration_report.summary)")
     p.add_argument("--timeout", dest="time_limit", type=float, default=DEFAULT_TIME_LIMIT_S, metavar="SECONDS",
                    help=f"wall-clock limit of a sandboxed candidate's worker per trial (default {DEFAULT_TIME_LIMIT_S:g})")
     p.add_argument("--isolation", choices=CHOICES, default="auto",
@@ -94,8 +94,8 @@ def _shard(text: str) -> tuple[int, int]:
 
 
 def _calibrate(args: argparse.Namespace) -> int:
-    from ..grading import calibration as cal
-    from ..grading import calibration_report
+    from ..sweeps import calibration as cal
+    from ..sweeps import calibration_report
 
     level = "quick" if args.quick else "full"
     if args.seeds < 1 or args.kernel_seeds < 0 or (args.max_minutes is not None and args.max_minutes <= 0):

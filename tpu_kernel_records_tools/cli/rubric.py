@@ -205,7 +205,7 @@ def isolation_allowed(isolation: str, cands, memory_limit_gb: float = DEFAULT_ME
 
 
 def add_sweep_options(p: argparse.ArgumentParser) -> None:
-    """Where a sweep's trials run (``grading.sweep``) and where they are streamed."""
+    """Where a sweep's trials run (``sweeps.sweep``) and where they are streamed."""
     p.add_argument("--workers", type=int, metavar="N",
                    help="Dask worker processes of a local cluster (default: one per core); 0 grades serially "
                         "in this process")
@@ -219,8 +219,8 @@ def add_sweep_options(p: argparse.ArgumentParser) -> None:
 
 
 def run_sweep(args, tasks: list[tuple[str, int]], sweep: str):
-    """``grading.sweep.run`` with the command's options; None (after one line on stderr) on a usage error."""
-    from ..grading import sweep as sweeps
+    """``sweeps.sweep.run`` with the command's options; None (after one line on stderr) on a usage error."""
+    from ..sweeps import sweep as sweeps
 
     if args.resume and args.trials is None:
         print("tpu-kernel-rubric: --resume needs --trials JSONL", file=sys.stderr)
@@ -238,7 +238,7 @@ def run_sweep(args, tasks: list[tuple[str, int]], sweep: str):
 
 
 def _power(args) -> int:
-    from ..grading.power import default_candidates, power_markdown, power_tasks, summarize
+    from ..sweeps.power import default_candidates, power_markdown, power_tasks, summarize
 
     if not args.seeds or args.seeds < 1:
         print("tpu-kernel-rubric: --power needs --seeds N (N >= 1)", file=sys.stderr)
@@ -307,8 +307,8 @@ def _grade(args) -> int:
 def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
     full = _parser()
-    grade_opts = {"--candidate", "--candidate-dir", "--seed", "--quick", "--paged", "--features", "--timeout",
-                  "--memory-limit", "--isolation", "--json", "--list", "--quiet"}
+    grade_opts = {"--candidate", "--candidate-dir", "--candidate-max-mib", "--candidate-max-files", "--seed", "--quick",
+                  "--paged", "--features", "--timeout", "--memory-limit", "--isolation", "--json", "--list", "--quiet"}
     power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
                   "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume", "--isolation"}
     for name, opts, func, help_text in (

@@ -10,7 +10,7 @@ the platform they were exported for: a TPU run's programs are regraded on a TPU 
 with TPU workers), anything else is refused in one line.
 
 :func:`regrade_task` is the same on a run's files sent as bytes, so a Dask worker without the
-reviewer's disk can run it (``grading.sweep.map_on_dask``).
+reviewer's disk can run it (``sweeps.sweep.map_on_dask``).
 """
 
 from __future__ import annotations

@@ -117,9 +117,9 @@ def regrade_here(runs: dict[str, Path]) -> dict[str, dict[str, Any] | str]:
 
 
 def regrade_on_dask(workers: int | None, scheduler: str | None) -> Regrader:
-    """A ``Regrader`` that sends each run's files to Dask (``grading.sweep.map_on_dask``), one task a run."""
+    """A ``Regrader`` that sends each run's files to Dask (``sweeps.sweep.map_on_dask``), one task a run."""
     def run(runs: dict[str, Path]) -> dict[str, dict[str, Any] | str]:
-        from ..grading.sweep import map_on_dask
+        from ..sweeps.sweep import map_on_dask
 
         units = {run_id: ({p.relative_to(d).as_posix(): p.read_bytes() for p in d.rglob("*") if p.is_file()},
                           draw_seed(), draw_entropy()) for run_id, d in runs.items()}

@@ -49,7 +49,7 @@ A NaN or Inf never passes, whatever the bound; the exact zeros the contract dema
 exactly, not by this module (``grading.checks``).
 
 Chosen by measurement, not by taste (CPU, jax 0.10.2): calibrated on the full level (the problem
-distribution of ``grading.problems``, every slot but the two named below) with ``tpu-kernel-records calibrate`` (``grading.calibration``; its
+distribution of ``grading.problems``, every slot but the two named below) with ``tpu-kernel-records calibrate`` (``sweeps.calibration``; its
 trials are ``calibration/trials.jsonl``, its report ``calibration/REPORT.md``), 200 calibration seeds
 (0-199) and 200 held-out seeds (1000-1199) of every pure-JAX correct built-in and the first 10 + 10 of the
 Pallas and Triton kernels in interpret mode. The smallest ``k`` that passes every comparison of a trial,
@@ -73,7 +73,7 @@ gradient 6 (1.25 x 4.72), which are K_FORWARD and K_GRADIENT. The held-out seeds
 and 5.35 gradient, within them, with 0 of 2860 correct trials rejected on either set. The largest floor a
 trial needed at those k, in units of eps(float32) x max(1, L): 2.75 (calibration) and 3.84 (held-out), under
 FLOOR_EPS (below).
-Two slots came after that sweep (``grading.calibration.UNCALIBRATED_SLOTS``): ``segments/chunk`` and
+Two slots came after that sweep (``sweeps.calibration.UNCALIBRATED_SLOTS``): ``segments/chunk`` and
 ``segments/decode``, packed documents under chunked prefill and decoding. They are judged by the same
 constants, but no calibration trial has measured what a correct candidate needs on them yet.
 

@@ -134,7 +134,7 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
 def _power(power_seeds: int, progress: bool) -> dict[str, Any] | None:
     if power_seeds <= 0:
         return None
-    from ..grading import power
+    from ..sweeps import power
 
     return power.measure_power(seeds=power_seeds, progress=progress)
 

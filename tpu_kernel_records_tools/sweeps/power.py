@@ -77,7 +77,7 @@ def measure_power(*, seeds: int, candidates: Sequence[str | Candidate] | None = 
                   first_seed: int = 0, kernel_seeds: int | None = None, time_limit_s: float | None = None,
                   level: str = "full") -> dict:
     """Grade each candidate on ``seeds`` seeds (``kernel_seeds`` for kind "kernel", default the same) at
-    ``level``, in this process (``grade_trials``; ``grading.sweep`` runs the same trials on Dask).
+    ``level``, in this process (``grade_trials``; ``sweeps.sweep`` runs the same trials on Dask).
 
     Returns the JSON-able power summary (format in ``records/schemas/correctness.schema.json``, ``power``).
     """

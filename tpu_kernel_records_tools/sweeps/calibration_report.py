@@ -1,4 +1,4 @@
-"""The calibration's table: what the trials of ``grading.calibration`` say.
+"""The calibration's table: what the trials of ``sweeps.calibration`` say.
 
 :func:`summary` gives, per set (calibration / held-out seeds) and candidate, the largest needed ``k``, the false
 rejects, the rule's ``k`` and the cost of one machine's trials (others priced apart); :func:`report` writes
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
-from ..grading.calibration import HELD_OUT_FIRST_SEED, KERNELS, RULE_MARGIN
+from ..sweeps.calibration import HELD_OUT_FIRST_SEED, KERNELS, RULE_MARGIN
 from ..grading.tolerance import POLICY
 
 

@@ -13,7 +13,7 @@ and grades only what is missing, so a killed sweep goes on where it stopped. A t
 worker lost, an exception in the grader) is tried once more, then reported in ``Sweep.failed``, never
 dropped. The trial records do not depend on where they were graded, so the summary and the Markdown
 report are the same serially, on a local or on a remote cluster (``seconds_per_trial`` aside).
-:func:`map_on_dask` is that machinery for any task (``grading.calibration`` sends it a slot group per task).
+:func:`map_on_dask` is that machinery for any task (``sweeps.calibration`` sends it a slot group per task).
 
 Work that does not depend on the candidate (each seed's problems, float64 truth and baselines) is kept
 by ``grading.checks`` in the process that grades, per seed: each seed's tasks are sent to one Dask worker
@@ -31,7 +31,7 @@ from typing import Callable, Sequence
 
 from tqdm.auto import tqdm
 
-from ..grading import power
+from ..sweeps import power
 from ..grading.candidates import resolve
 from ..grading.rubric import grade_seeds
 

@@ -59,14 +59,14 @@ program holds some; the kernel's default limit is 65,530).
 
 **The sweep** (:func:`run`) goes seed by seed, a slot group of calibration seeds and one of held-out seeds
 in turn (so a partial run holds both sets), appends each trial to a JSON Lines file as it finishes
-(``grading.trials_file``: a killed run loses at most the trial in progress; a cut-off last line is dropped
+(``sweeps.trials_file``: a killed run loses at most the trial in progress; a cut-off last line is dropped
 and reported, and its trial graded again), skips on ``resume`` every trial the file holds (none is graded
 twice), and stops cleanly once ``budget_s`` has passed (before the next trial). The file's first line names
 the policy (with its allowed roundings), the slot group's size and the problems its trials were drawn from
 (:func:`distribution_digest`), so a resume after any of them changed is refused, never mixed. ``shard``
 splits the slot groups between runs, one per core, each with its own file, and :func:`merge` joins them; or
 ``workers`` / ``scheduler`` send each slot group to Dask as one task (:func:`group_trials`, through
-``grading.sweep.map_on_dask``), the client appending its trials to the one file as they arrive. The
+``sweeps.sweep.map_on_dask``), the client appending its trials to the one file as they arrive. The
 report is regenerated from whatever trials the file holds (``--report-only`` grades nothing), and says how
 many seeds and slot draws of each set it covers; a run and a merge write the same report as ``--report-only``
 (the file's trials in its order), and say what happened (a budget ran out, a source's cut-off line) on stderr.
@@ -88,14 +88,14 @@ from typing import Callable, Sequence
 import numpy as np
 
 from ..grading import checks as C
-from ..grading import power
+from ..sweeps import power
 from ..grading.candidates import BUILTIN, Candidate, resolve
 from ..grading.feature_checks import FEATURE_CHECKS
 from ..grading.problems import Problem
-from ..grading.in_process_runner import InProcessRunner
+from ..sweeps.in_process_runner import InProcessRunner
 from ..grading.runner import Runner
 from ..grading.tolerance import POLICY
-from ..grading.trials_file import TrialsFile
+from ..sweeps.trials_file import TrialsFile
 from kernel_src.contract import FEATURES
 
 HELD_OUT_FIRST_SEED = 1000
@@ -405,7 +405,7 @@ class Sweep:
 
 def read_trials(path: Path, level: str = "full") -> tuple[list[dict], list[str]]:
     """The trial records of a calibration file and notes on it (a cut-off last line, dropped)."""
-    from ..grading import trials_file
+    from ..sweeps import trials_file
 
     found = trials_file.read(path)
     sweep = dict(found.header.get("sweep") or {}) if isinstance(found.header, dict) else {}
@@ -420,7 +420,7 @@ def merge(out: Path, sources: Sequence[Path]) -> tuple[int, list[str]]:
     """Append to ``out`` every trial of ``sources`` (other runs' trials files, e.g. other shards) that it does
     not hold yet; every file must have ``out``'s first line (the same level, policy and drawn problems), and
     ``out`` is created with theirs if it does not exist. Returns the trials added and notes (cut-off lines)."""
-    from ..grading import trials_file
+    from ..sweeps import trials_file
 
     found = [(path, trials_file.read(path)) for path in sources]
     first = trials_file.read(out).header if Path(out).exists() else (found[0][1].header if found else None)
@@ -545,7 +545,7 @@ def _serial(todo, keep, out_of_time, level, runners) -> None:
 
 
 def _on_dask(todo, keep, notes, task, how, workers, scheduler) -> None:
-    from ..grading.sweep import map_on_dask
+    from ..sweeps.sweep import map_on_dask
 
     groups: dict[int, list[tuple[str, int]]] = {}
     for name, seed in todo:

@@ -1,6 +1,6 @@
 """A runner for the project's built-ins that calls the worker's own request handler in this process.
 
-``grading.calibration`` grades its built-ins through it: the same calls and results as in a worker process,
+``sweeps.calibration`` grades its built-ins through it: the same calls and results as in a worker process,
 their jitted functions and compiled programs kept across seeds.
 """
 
