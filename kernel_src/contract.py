@@ -37,7 +37,7 @@ tuple of names from ``FEATURES``; ``supports`` sets it). The rubric always grade
 and grades every declared feature on top; a candidate that declares nothing is only ever called with
 ``causal``, ``kv_lengths`` and ``scale``, exactly as before the features existed.
 
-Rules the rubric (``grading.checks``) judges, each by a named check:
+Rules the rubric (``grading.dense.checks``) judges, each by a named check:
 
 * The output has ``q``'s shape and its dtype equals ``q.dtype`` (output-shape-dtype).
 * A query row with no visible key yields exact zeros, and its dQ is exactly zero

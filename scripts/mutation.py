@@ -52,13 +52,13 @@ class Target:
 PKG = "tpu_kernel_records_tools"
 TARGETS = {t.name: t for t in (
     Target("tolerance", f"{PKG}/grading/tolerance.py", ("tests/test_tolerance_policy.py",), 20),
-    Target("truth", f"{PKG}/grading/oracle.py", ("tests/test_truth.py", "tests/test_truth_features.py"), 20),
-    Target("paged-truth", f"{PKG}/grading/paged_oracle.py", ("tests/test_paged_truth.py",), 8),
-    Target("paged-checks", f"{PKG}/grading/paged_checks.py", ("tests/test_paged_grading.py",), 8),
-    Target("features", f"{PKG}/grading/feature_checks.py",
+    Target("truth", f"{PKG}/grading/dense/truth.py", ("tests/test_truth.py", "tests/test_truth_features.py"), 20),
+    Target("paged-truth", f"{PKG}/grading/paged/truth.py", ("tests/test_paged_truth.py",), 8),
+    Target("paged-checks", f"{PKG}/grading/paged/checks.py", ("tests/test_paged_grading.py",), 8),
+    Target("features", f"{PKG}/grading/dense/feature_checks.py",
            ("tests/test_features_grading.py", "tests/test_feature_builtins.py"), 12),
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
-    Target("checks", f"{PKG}/grading/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
+    Target("checks", f"{PKG}/grading/dense/checks.py", ("tests/test_peaky_problem.py", "tests/test_check_details.py",
                                                 "tests/test_checks_quick.py", "tests/test_grader_speed.py",
                                                 "tests/test_stored_output_rounding.py", "tests/test_calibration.py"),
            20),
@@ -79,9 +79,9 @@ _DENOM = ("the softmax denominator is 0 (no visible key) or >= 1 (the row max co
           "other terms are >= 0), so `> 0` and `> 1` pick the same divisor")
 _EMPTY = ("e is exactly 0 on every key of a row whose denominator is 0 (no visible key), so any nonzero divisor "
           "there gives the same exact zeros")
-ORACLE = "tpu_kernel_records_tools/grading/oracle.py"
+ORACLE = "tpu_kernel_records_tools/grading/dense/truth.py"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
-    (f"{PKG}/grading/checks.py", "group = p.q.shape[2] // p.k.shape[2]", "group = p.q.shape[2] / p.k.shape[2]"):
+    (f"{PKG}/grading/dense/checks.py", "group = p.q.shape[2] // p.k.shape[2]", "group = p.q.shape[2] / p.k.shape[2]"):
         "the contract's query heads are a multiple of its kv heads, and np.repeat takes the integral float",
     (f"{PKG}/grading/tolerance.py", "scale_max = float(magnitude.max()) if magnitude.size else 0.0",
      "scale_max = float(magnitude.max()) if magnitude.size else 1.0"):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tpu_kernel_records_tools.grading import tolerance
-from tpu_kernel_records_tools.grading.problems import Problem
+from tpu_kernel_records_tools.grading.dense.problems import Problem
 from kernel_src.backend import reset_tpu_interpret_state, tpu_interpret_params
 
 
@@ -117,8 +117,8 @@ def assert_accurate(results, q, k, v, do, *, causal=False, kv_lengths=None, scal
                     index=None, only=("out", "dq", "dk", "dv")) -> Problem:
     """Judge a kernel's ``(out, dq, dk, dv)`` exactly as the rubric does; return the problem.
 
-    The inputs become a ``grading.problems.Problem`` (cotangent ``do`` rounded to the input dtype):
-    its float64 ``truth`` (``grading.oracle``), the reference's ``baseline`` on the same inputs, the
+    The inputs become a ``grading.dense.problems.Problem`` (cotangent ``do`` rounded to the input dtype):
+    its float64 ``truth`` (``grading.dense.truth``), the reference's ``baseline`` on the same inputs, the
     floor's ``logit_max``, for bf16 groups the ``grouped_baseline`` of dK/dV, and the answer of dQ/dK
     with ``di`` from the stored output (``Truth.stored_out_grads``); each tensor must
     pass ``grading.tolerance.judge`` under them. Rows that see no key must be exact zeros in the

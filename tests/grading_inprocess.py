@@ -3,7 +3,7 @@
 The rubric itself runs every candidate in a worker of its own (``grading.runner``, tested by the
 isolation tests). The tests of the checks, problems and tolerance grade dozens of built-ins, so they
 call them here, in-process, where compiled executables and the float64 truth are shared between
-candidates: the checks and their verdicts are exactly the rubric's (``grading.checks.CHECKS``).
+candidates: the checks and their verdicts are exactly the rubric's (``grading.dense.checks.CHECKS``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.dense import checks as C
 from tpu_kernel_records_tools.grading.candidates import resolve
 from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard, checks_for
 from kernel_src.contract import declared_features

@@ -18,7 +18,7 @@ import pytest
 from tpu_kernel_records_tools.cli.main import main
 from tpu_kernel_records_tools.sweeps import calibration as cal
 from tpu_kernel_records_tools.sweeps import calibration_report as cal_report
-from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.dense import checks as C
 from tpu_kernel_records_tools.sweeps import trials_file
 
 
@@ -209,8 +209,8 @@ def test_the_cost_is_one_machines_the_one_that_graded_the_most():
 def test_a_groups_seeds_take_its_first_seeds_slots_and_their_own_values():
     """Every slot draw (shapes, feature and paged slots) goes through ``slot_seed``, every value draw through
     the seed, and the problems of a seed with borrowed slots are kept apart from its own."""
-    from tpu_kernel_records_tools.grading.feature_checks import feature_slots
-    from tpu_kernel_records_tools.grading.paged_checks import slots as paged_slots
+    from tpu_kernel_records_tools.grading.dense.feature_checks import feature_slots
+    from tpu_kernel_records_tools.grading.paged.checks import slots as paged_slots
     from kernel_src.contract import FEATURES
 
     lead, member, own = C.Context(None, 0), C.Context(None, 3, slots_from=0), C.Context(None, 3)

@@ -5,8 +5,8 @@ import sys
 import pytest
 
 from kernel_src.contract import declared_features
-from tpu_kernel_records_tools.grading import checks
-from tpu_kernel_records_tools.grading.feature_checks import FEATURE_CHECKS
+from tpu_kernel_records_tools.grading.dense import checks
+from tpu_kernel_records_tools.grading.dense.feature_checks import FEATURE_CHECKS
 from tpu_kernel_records_tools.grading.candidates import (BUILTIN, KINDS, Candidate, CandidateLoadError,
                                                          CandidateSpecError, resolve)
 
@@ -99,7 +99,7 @@ def test_missing_module_is_a_load_error():
 
 
 def test_kernel_loader_reports_a_missing_kernel():
-    from tpu_kernel_records_tools.grading.candidates import _kernel
+    from tpu_kernel_records_tools.grading.dense.known_bad import _kernel
     from kernel_src.registry import Implementation
 
     ghost = Implementation("ghost", "kernel_src.no_such_kernel:f", "kernel", "absent", scopes=(), pallas=True)

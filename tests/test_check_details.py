@@ -1,4 +1,4 @@
-"""Details of ``grading.checks`` that a count of passes cannot see: where the large-logits check puts its
+"""Details of ``grading.dense.checks`` that a count of passes cannot see: where the large-logits check puts its
 needles, and how the mask-readout check explains a leak under bottom-right causal masking (a row ahead
 of every key sees none; the others may see keys up to ``i + kv_len - q_len``)."""
 
@@ -9,10 +9,10 @@ import re
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.dense import checks as C
 from tpu_kernel_records_tools.grading.candidates import BUILTIN
 from tpu_kernel_records_tools.grading.check_context import _why_hidden
-from tpu_kernel_records_tools.grading.problems import Dims, draw_shapes, normal
+from tpu_kernel_records_tools.grading.dense.problems import Dims, draw_shapes, normal
 from tests.grading_inprocess import InProcessRunner
 
 

@@ -1,7 +1,7 @@
-"""Each check of ``grading.checks`` alone, at the quick level, in-process: its verdict and its detail on
+"""Each check of ``grading.dense.checks`` alone, at the quick level, in-process: its verdict and its detail on
 the reference (passes, with the numbers it promises) and on a known-bad candidate built for it (fails,
 with the detail naming the broken rule and the problem). Fast (seconds per check), so that it can judge
-the mutants of ``grading/checks.py`` (``scripts/mutation.py``, module ``checks``).
+the mutants of ``grading/dense/checks.py`` (``scripts/mutation.py``, module ``checks``).
 
 Known-bad candidates are the roster's (``grading.candidates.BUILTIN``) or small defects built here on
 the reference: one wrong gradient entry where the contract demands an exact zero, one hidden visible
@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.dense import checks as C
 from tpu_kernel_records_tools.grading.candidates import BUILTIN, jit_contract, reference
 from kernel_src.contract import visibility_mask
 from tests.grading_inprocess import InProcessRunner

@@ -17,7 +17,7 @@ import pytest
 from kernel_src.contract import FEATURES, declared_features
 from tests.grading_inprocess import grade
 from tpu_kernel_records_tools.grading.candidates import BUILTIN, Candidate
-from tpu_kernel_records_tools.grading.feature_variants import FeatureSwitches, _feature_variant
+from tpu_kernel_records_tools.grading.dense.feature_variants import FeatureSwitches, _feature_variant
 
 # Each known-bad feature built-in and what its failing check's detail must say (the probe that caught it).
 BADS = {

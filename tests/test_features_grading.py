@@ -1,6 +1,6 @@
 """Declared features (issue 34): the contract's validation, the declaration's path from a candidate's
 function through its sandboxed worker to the scorecard, and the probes the features' slots promise
-(``grading.slots.draw_feature_slots``'s table), for seeds 0-2 at the full level."""
+(``grading.dense.slots.draw_feature_slots``'s table), for seeds 0-2 at the full level."""
 
 from __future__ import annotations
 
@@ -11,13 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
-from tpu_kernel_records_tools.grading import oracle
-from tpu_kernel_records_tools.grading.feature_checks import FEATURE_CHECKS, feature_problem
+from tpu_kernel_records_tools.grading.dense import checks as C
+from tpu_kernel_records_tools.grading.dense import truth as oracle
+from tpu_kernel_records_tools.grading.dense.feature_checks import FEATURE_CHECKS, feature_problem
 from tpu_kernel_records_tools.grading.rubric import checks_for
 from tpu_kernel_records_tools.grading.runner import Runner
-from tpu_kernel_records_tools.grading.feature_variants import _blocks_skipped
-from tpu_kernel_records_tools.grading.slots import BLOCK_SIZES, draw_feature_slots
+from tpu_kernel_records_tools.grading.dense.feature_variants import _blocks_skipped
+from tpu_kernel_records_tools.grading.dense.slots import BLOCK_SIZES, draw_feature_slots
 from kernel_src import contract
 from kernel_src.reference import reference_attention
 
@@ -293,8 +293,8 @@ def test_measure_grades_a_known_bad_on_the_feature_its_bug_is_in(monkeypatch):
 @pytest.mark.parametrize("level", ["quick", "full"])
 def test_the_window_leak_probes_change_keys_that_no_row_sees(level):
     """The window check's leak probes (window/chunk, window/odd) hide real keys from every row, and change them."""
-    from tpu_kernel_records_tools.grading.feature_checks import _hidden_from_all
-    from tpu_kernel_records_tools.grading.checks import _perturb_keys
+    from tpu_kernel_records_tools.grading.dense.feature_checks import _hidden_from_all
+    from tpu_kernel_records_tools.grading.dense.checks import _perturb_keys
 
     ctx = C.Context(None, 0, level=level)
     for name in ("window/chunk", "window/odd"):
@@ -310,7 +310,7 @@ def test_the_window_leak_probes_change_keys_that_no_row_sees(level):
 
 @pytest.mark.parametrize("level", ["quick", "full"])
 def test_the_softcap_leak_probe_changes_padding_only(level):
-    from tpu_kernel_records_tools.grading.feature_checks import padding_under_cap
+    from tpu_kernel_records_tools.grading.dense.feature_checks import padding_under_cap
 
     kind, p, changed, rows, _ = padding_under_cap(C.Context(None, 0, level=level), np.random.default_rng(2))
     assert kind == "leak" and p.softcap == 5.0 and rows.all()

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading.checks import CHECKS
+from tpu_kernel_records_tools.grading.dense.checks import CHECKS
 from tpu_kernel_records_tools.grading.rubric import grade
 from tests.grading_inprocess import grade as grade_inprocess
 from kernel_src.contract import visibility_mask

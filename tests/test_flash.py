@@ -2,7 +2,7 @@
 
 Interpret mode on CPU; each case is one jitted forward + VJP (one compile), with explicit small
 blocks so several query and key blocks exist and the online softmax and block skipping run.
-Accuracy is judged as the rubric judges it (``grading.oracle`` and ``grading.tolerance``, via the
+Accuracy is judged as the rubric judges it (``grading.dense.truth`` and ``grading.tolerance``, via the
 ``assert_accurate`` fixture in ``conftest.py``).
 """
 

@@ -2,7 +2,7 @@
 sinks, in both families (Mosaic and Triton, interpret mode on this CPU), forward and backward, and
 the block skipping that windows and segment ids allow.
 
-Accuracy is judged as the rubric judges it (``grading.oracle``'s float64 truth, the tolerance
+Accuracy is judged as the rubric judges it (``grading.dense.truth``'s float64 truth, the tolerance
 policy's bounds, exact zeros on rows that see no key and on keys no row sees; dsinks too), through
 the grader's own ``_gradient_verdicts``.
 
@@ -35,9 +35,9 @@ from kernel_src.backend import tpu_interpret_races_found
 from kernel_src.contract import FEATURES, declared_features, visible
 from kernel_src.flash import FlashBlockSizes, flash_attention, plan as flash_plan, tpu as flash_tpu
 from kernel_src.flash import block_skipping
-from tpu_kernel_records_tools.grading import checks as C
-from tpu_kernel_records_tools.grading.feature_checks import _empty_row_violations
-from tpu_kernel_records_tools.grading.problems import Problem
+from tpu_kernel_records_tools.grading.dense import checks as C
+from tpu_kernel_records_tools.grading.dense.feature_checks import _empty_row_violations
+from tpu_kernel_records_tools.grading.dense.problems import Problem
 from tests.seeds import full_level_seeds
 
 VARIANTS = ("mosaic", "triton")
@@ -385,7 +385,7 @@ def test_mosaic_features_in_tpu_interpret_mode(tpu_interpret):
 @pytest.mark.parametrize("name", ["flash", "flash-triton"])
 @pytest.mark.parametrize("seed", full_level_seeds())
 def test_the_rubric_grades_every_feature_of_the_flash_kernels_at_the_full_level(name, seed, feature):
-    """The rubric's check of each feature (``grading.feature_checks``), in-process, at the full
+    """The rubric's check of each feature (``grading.dense.feature_checks``), in-process, at the full
     level: it passes with full points. One check per test: a whole card of the Mosaic family
     interpreted took 75-600 s on a loaded 2-core machine, against the 600 s limit per test."""
     from tests.grading_inprocess import grade

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 from tpu_kernel_records_tools.grading.candidates import BUILTIN
-from tpu_kernel_records_tools.grading.problems import Dims, normal
+from tpu_kernel_records_tools.grading.dense.problems import Dims, normal
 from tpu_kernel_records_tools.grading.tolerance import EPS, POLICY, Policy, judge, needed_floor
 
 

@@ -1,7 +1,7 @@
 """What makes a grade faster without changing a verdict: XLA:CPU's classic fusion emitters for the
 reference's programs and the candidate's worker (``grading.candidates.CPU_COMPILE_OPTIONS``: the same
 bits, less compile time), and a seed's problems built and queued ahead while the worker starts
-(``grading.checks.plan_ahead``). The figures are ``scripts/time_rubric.py``'s, in CHANGELOG.md."""
+(``grading.dense.checks.plan_ahead``). The figures are ``scripts/time_rubric.py``'s, in CHANGELOG.md."""
 
 from __future__ import annotations
 
@@ -13,10 +13,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.dense import checks as C
 from tpu_kernel_records_tools.grading import candidates, worker
-from tpu_kernel_records_tools.grading.candidates import CPU_COMPILE_OPTIONS, _reference_fn, reference
-from tpu_kernel_records_tools.grading.problems import _reference_vjp, normal
+from tpu_kernel_records_tools.grading.candidates import CPU_COMPILE_OPTIONS
+from tpu_kernel_records_tools.grading.dense.known_bad import _reference_fn, reference
+from tpu_kernel_records_tools.grading.dense.problems import _reference_vjp, normal
 from tpu_kernel_records_tools.grading.runner import Runner
 from kernel_src.contract import Dims
 from tests.grading_inprocess import grade

@@ -1,6 +1,6 @@
 """Attention kernels against the float64 oracle: forward, Q/K/V gradients, masks, precision.
 
-Ground truth is ``grading.oracle`` and accuracy is judged by the rubric's tolerance policy
+Ground truth is ``grading.dense.truth`` and accuracy is judged by the rubric's tolerance policy
 (``grading.tolerance``: within ``k`` times ``reference_attention``'s own error on the same inputs),
 through the ``assert_accurate`` fixture of ``conftest.py``. The Pallas-backed ``pallas_attention``
 runs the sweep in interpret mode (the default on this CPU), and again in TPU interpret mode (race
@@ -19,8 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import oracle, tolerance
-from tpu_kernel_records_tools.grading.problems import Problem
+from tpu_kernel_records_tools.grading.dense import truth as oracle
+
+from tpu_kernel_records_tools.grading import tolerance
+from tpu_kernel_records_tools.grading.dense.problems import Problem
 from kernel_src import (SoftmaxBlockSizes, masked_softmax, pallas_attention, reference_attention,
                         reference_masked_softmax, registry)
 from kernel_src.backend import tpu_interpret_races_found

@@ -8,7 +8,7 @@ import pytest
 
 from tpu_kernel_records_tools.cli import rubric as cli
 from tpu_kernel_records_tools.grading.candidates import PAGED_BUILTIN
-from tpu_kernel_records_tools.grading.paged_checks import PAGED_CHECKS
+from tpu_kernel_records_tools.grading.paged.checks import PAGED_CHECKS
 from tpu_kernel_records_tools.records.rawio import load_schema
 
 

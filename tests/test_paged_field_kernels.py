@@ -38,8 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading.paged_candidates import paged_reference
-from tpu_kernel_records_tools.grading.paged_checks import PAGED_CHECKS, paged_checks_for
+from tpu_kernel_records_tools.grading.paged.known_bad import paged_reference
+from tpu_kernel_records_tools.grading.paged.checks import PAGED_CHECKS, paged_checks_for
 from tpu_kernel_records_tools.grading.rubric import grade
 
 from tests import field_adapters

@@ -2,16 +2,16 @@
 correct ones pass, at the quick level (default run) and the full level on seeds 0-2 (slow).
 
 Trusted built-ins are called in-process here (as ``tests/grading_inprocess.py`` does for the dense checks):
-the checks and verdicts are the rubric's (``grading.paged_checks``); the worker path is the CLI test's."""
+the checks and verdicts are the rubric's (``grading.paged.checks``); the worker path is the CLI test's."""
 
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
+from tpu_kernel_records_tools.grading.dense import checks as C
 from tpu_kernel_records_tools.grading.candidates import PAGED_BUILTIN, resolve
-from tpu_kernel_records_tools.grading.paged_candidates import PagedSwitches, _bug
-from tpu_kernel_records_tools.grading.paged_checks import PAGED_CHECKS, PAGED_FEATURE_CHECKS, paged_checks_for
+from tpu_kernel_records_tools.grading.paged.known_bad import PagedSwitches, _bug
+from tpu_kernel_records_tools.grading.paged.checks import PAGED_CHECKS, PAGED_FEATURE_CHECKS, paged_checks_for
 from kernel_src.contract import PAGED_FEATURES
 from tests.seeds import full_level_seeds
 

@@ -4,9 +4,9 @@ contract's decoding slots reach 32k-131k keys. Draws only: no candidate runs her
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import slots
-from tpu_kernel_records_tools.grading.paged_problems import draw, layout
-from tpu_kernel_records_tools.grading.paged_slots import INDEX_LIMIT, draw_paged_slots
+from tpu_kernel_records_tools.grading.dense import slots
+from tpu_kernel_records_tools.grading.paged.problems import draw, layout
+from tpu_kernel_records_tools.grading.paged.slots import INDEX_LIMIT, draw_paged_slots
 
 SEEDS = (0, 1, 2)
 EDGE_SLOTS = ("vllm16", "spec32", "tpu128", "odd")
@@ -89,7 +89,7 @@ def test_dense_decoding_slots_reach_32k_to_131k_keys(seed):
         d = s[name]
         assert 32_768 < d.kv_len < 131_072 and d.q_len in q_lens and d.kv_len % 128
         assert slots.slot_flags(s, name)[:3] == ("bfloat16", True, True)
-        # The lengths a check draws there (grading.checks.Context.problem: a batch of 2 with the slot's minimum).
+        # The lengths a check draws there (grading.dense.checks.Context.problem: a batch of 2 with the slot's minimum).
         lengths = slots.draw_lengths(np.random.default_rng(seed), d, None, slots.SLOT_MIN_LENGTH[name])
         assert lengths.min() > 32_768 and d.kv_len in lengths
     assert {"longdecode", "longspec"} <= set(slots.SERVING_SLOTS)
@@ -99,8 +99,8 @@ def test_dense_decoding_slots_reach_32k_to_131k_keys(seed):
 def test_the_window_checks_windows_span_pages(seed, monkeypatch):
     """paged-window's promise, "windows across page boundaries": every problem has a row whose visible keys
     lie on two pages or more, and vllm16's decoding window is at least a page long."""
-    from tpu_kernel_records_tools.grading import checks as C
-    from tpu_kernel_records_tools.grading.paged_checks import check_paged_window
+    from tpu_kernel_records_tools.grading.dense import checks as C
+    from tpu_kernel_records_tools.grading.paged.checks import check_paged_window
 
     monkeypatch.setattr(C, "compute_ahead", lambda found: None)
     monkeypatch.setattr(C, "_CACHE", {})

@@ -1,6 +1,6 @@
 """The paged contract's float64 truth, its pure-JAX reference and its argument checks (issue 36).
 
-The truth (``grading.paged_oracle``) is checked against a hand-written loop over keys on tiny pools laid out
+The truth (``grading.paged.truth``) is checked against a hand-written loop over keys on tiny pools laid out
 as the rubric lays them out (permuted, shared, NaN wherever no key is), against the dense truth on a
 contiguous identity table, and against the dense contract on the gathered cache (``dense_twin``); the
 reference is checked against the truth and for garbage that must not leak."""
@@ -9,9 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import oracle, paged_oracle
-from tpu_kernel_records_tools.grading.paged_problems import draw, layout
-from tpu_kernel_records_tools.grading.paged_slots import PagedSlot
+from tpu_kernel_records_tools.grading.dense import truth as oracle
+
+from tpu_kernel_records_tools.grading.paged import truth as paged_oracle
+from tpu_kernel_records_tools.grading.paged.problems import draw, layout
+from tpu_kernel_records_tools.grading.paged.slots import PagedSlot
 from kernel_src.contract import check_paged_inputs
 from kernel_src.reference import reference_paged_attention
 

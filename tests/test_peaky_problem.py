@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading.checks import Context, _peaky
+from tpu_kernel_records_tools.grading.dense.checks import Context, _peaky
 
 
 def _dominant_keys(p) -> tuple[np.ndarray, np.ndarray]:

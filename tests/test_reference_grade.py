@@ -11,7 +11,7 @@ a key's gradient sums over):
   rowmax error cancels; the exp's, the sum's and the division's rounding);
 * the output ``Σ p v`` by at most ``ρ + n u`` of its magnitude ``Σ p |v|``;
 * dV by ``ρ + m u``; dS ``= P ⊙ (dP - rowsum(P ⊙ dP))`` by ``3ρ + (2d + 2n + 8) u``, and dQ, dK that plus
-  ``n u`` or ``m u`` -- all relative to ``grading.oracle.Truth.magnitude``, which bounds the result.
+  ``n u`` or ``m u`` -- all relative to ``grading.dense.truth.Truth.magnitude``, which bounds the result.
 
 Both the norm-wise and the worst-element error (``grading.tolerance.error``) must stay under it.
 """
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import oracle
+from tpu_kernel_records_tools.grading.dense import truth as oracle
 from tpu_kernel_records_tools.grading.tolerance import error
 from kernel_src import reference_attention
 

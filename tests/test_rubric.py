@@ -1,4 +1,4 @@
-"""grading.checks and grading.problems: correct candidates pass, every known-bad one fails the check built
+"""grading.dense.checks and grading.dense.problems: correct candidates pass, every known-bad one fails the check built
 for it (the new ones at the full level, where their bugs live), the problem distribution covers what it
 promises, and the tolerance is fair to kernels that round per query head.
 
@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
-from tpu_kernel_records_tools.grading import oracle, problems, tolerance
+from tpu_kernel_records_tools.grading.dense import checks as C
+from tpu_kernel_records_tools.grading.dense import truth as oracle, problems
+from tpu_kernel_records_tools.grading import tolerance
 from tpu_kernel_records_tools.grading.candidates import BUILTIN, reference
 from kernel_src.contract import FEATURES, Dims
 from tpu_kernel_records_tools.records import rawio

@@ -5,8 +5,8 @@ they show is caught by its intended check while the reference passes (slow: full
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
-from tpu_kernel_records_tools.grading import oracle, slots
+from tpu_kernel_records_tools.grading.dense import checks as C
+from tpu_kernel_records_tools.grading.dense import truth as oracle, slots
 from tpu_kernel_records_tools.grading.candidates import BUILTIN
 from tests.grading_inprocess import InProcessRunner, grade
 

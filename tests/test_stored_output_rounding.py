@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import checks as C
-from tpu_kernel_records_tools.grading import oracle
+from tpu_kernel_records_tools.grading.dense import checks as C
+from tpu_kernel_records_tools.grading.dense import truth as oracle
 from tpu_kernel_records_tools.grading.candidates import resolve
 from tpu_kernel_records_tools.sweeps.calibration import seed_problems
 from tpu_kernel_records_tools.grading.tolerance import POLICY, STORED_OUTPUT, judge, needed_k
@@ -64,7 +64,7 @@ def test_the_stored_output_gradients_follow_their_definition(causal, lengths, so
 
 
 class _Answers:
-    """The part of ``grading.checks.Context`` that ``_gradient_verdicts`` calls: the candidate's VJP."""
+    """The part of ``grading.dense.checks.Context`` that ``_gradient_verdicts`` calls: the candidate's VJP."""
 
     def __init__(self, fn):
         self.fn = fn

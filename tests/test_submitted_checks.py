@@ -99,7 +99,7 @@ def test_entropy_is_fresh_and_its_record_is_required():
 
 
 def test_the_row_truth_is_the_oracles_at_every_row_and_key_row():
-    from tpu_kernel_records_tools.grading import oracle
+    from tpu_kernel_records_tools.grading.dense import truth as oracle
 
     sig, (q, k, v, ct, lengths), _, _ = _problem("float32", seq=40)
     truth = oracle.attention(q, k, v, ct, causal=True, kv_lengths=lengths)
@@ -129,7 +129,7 @@ def test_the_row_truth_is_the_oracles_at_every_row_and_key_row():
 def test_the_stored_output_answer_is_the_oracles(exact):
     """dQ and dK with rowsum(dO * O) from the output rounded to bfloat16: the oracle's ``stored_out_grads``, at
     every row and key row, in both precisions."""
-    from tpu_kernel_records_tools.grading import oracle
+    from tpu_kernel_records_tools.grading.dense import truth as oracle
 
     sig, (q, k, v, ct, lengths), _, _ = _problem("float32", seq=40)
     q = q * 8  # peaked rows: the rounding of O moves dQ and dK well past the float32 truth's own error
@@ -155,8 +155,9 @@ def test_dq_and_dk_rows_are_judged_against_the_stored_output_answer_too():
     """bfloat16, peaked rows: dQ rows and dK key rows exactly as a FlashAttention-style backward computes them
     (di from the output rounded to bfloat16) are judged against that answer (nearer to them than the truth
     is); dV, which takes no di, against the truth; the forward against the truth alone."""
-    from tpu_kernel_records_tools.grading import oracle, tolerance
+    from tpu_kernel_records_tools.grading.dense import truth as oracle
 
+    from tpu_kernel_records_tools.grading import tolerance
     sig, (q, k, v, ct, lengths), _, _ = _problem("bfloat16", seq=64)
     q = (np.asarray(q, np.float32) * 8).astype(jnp.bfloat16)
     sig = Signature.of_call(q, k, v, causal=True, kv_lengths=lengths)

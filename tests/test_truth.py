@@ -1,4 +1,4 @@
-"""The float64 truth (``grading.oracle``) checked by derivations that share no code with it.
+"""The float64 truth (``grading.dense.truth``) checked by derivations that share no code with it.
 
 Every bound of the rubric is measured against this truth, and a wrong truth inflates the reference's
 baseline error and so loosens every bound. So its forward output and its Q/K/V gradients are compared
@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from tpu_kernel_records_tools.grading import oracle
+from tpu_kernel_records_tools.grading.dense import truth as oracle
 
 
 @contextlib.contextmanager

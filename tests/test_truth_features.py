@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.test_truth import _close, x64
-from tpu_kernel_records_tools.grading import oracle
+from tpu_kernel_records_tools.grading.dense import truth as oracle
 
 # name: (batch, q_len, kv_len, num_q_heads, num_kv_heads, head_dim, causal, kv_lengths, scale, features)
 SEG_Q = [[0, 1, 1, 0, 2], [3, 3, 3, 3, 3]]

@@ -162,7 +162,7 @@ def _check_features(where: str, card: dict[str, Any]) -> None:
     if declared != [f for f in names if f in declared]:
         raise RunError("scorecard", "correctness.json", f"{where}/features",
                        f"{declared!r} is not in the contract's order ({', '.join(names)})")
-    # a paged scorecard (contract "paged") grades feature f by the check paged-f (grading.paged_checks)
+    # a paged scorecard (contract "paged") grades feature f by the check paged-f (grading.paged.checks)
     prefix = "paged-" if card.get("contract") == "paged" else ""
     graded = set()
     for j, check in enumerate(card["checks"]):

@@ -1,6 +1,6 @@
 """How every command ends: with its documented exit status, and nothing running behind it.
 
-The grader computes ahead on background threads that sit inside XLA (``grading.problems``), and
+The grader computes ahead on background threads that sit inside XLA (``grading.dense.problems``), and
 candidate workers may still be alive. Left to the interpreter's own shutdown, a thread still in XLA
 when Python finalizes is unwound through C++ frames that do not allow it (``terminate called after
 throwing an instance of ''``: SIGABRT, exit status 134 and a crash dump instead of the status the

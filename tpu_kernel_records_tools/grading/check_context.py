@@ -1,5 +1,5 @@
-"""What a check receives and returns, and the judging every family of checks shares (``grading.checks``,
-``grading.feature_checks``, ``grading.paged_checks``): ``Context`` (the candidate's runner, the seed, the
+"""What a check receives and returns, and the judging every family of checks shares (``grading.dense.checks``,
+``grading.dense.feature_checks``, ``grading.paged.checks``): ``Context`` (the candidate's runner, the seed, the
 level, the slots' draws, and the bookkeeping that catches a result kept by shape), ``Outcome``, and the
 helpers that turn a candidate's outputs into verdicts: forward and gradient bounds, the outputs that must
 stay put when hidden keys change, the one-hot readout of the probabilities, and bitwise differences.
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..grading.problems import Problem, normal
-from ..grading.slots import SLOT_MIN_LENGTH, draw_shapes, serving_lengths, slot_flags
+from ..grading.dense.problems import Problem, normal
+from ..grading.dense.slots import SLOT_MIN_LENGTH, draw_shapes, serving_lengths, slot_flags
 from ..grading.runner import Runner
 from ..grading.tolerance import STORED_OUTPUT, Verdict, error, judge
 from kernel_src.contract import Dims

@@ -1,9 +1,9 @@
 """Correctness rubric: grade any candidate that follows the contract and return a scorecard.
 
-``grade("pallas")`` runs every check in ``grading.checks.CHECKS``, then the check of each feature the
-candidate declares (``grading.feature_checks``, ``kernel_src.contract.declared_features``), then
+``grade("pallas")`` runs every check in ``grading.dense.checks.CHECKS``, then the check of each feature the
+candidate declares (``grading.dense.feature_checks``, ``kernel_src.contract.declared_features``), then
 ``finite``; ``grade("paged-reference")`` (or any candidate with ``paged=True``) runs the paged checks
-(``grading.paged_checks.PAGED_CHECKS``, then its declared paged features', then ``finite``), on fresh
+(``grading.paged.checks.PAGED_CHECKS``, then its declared paged features', then ``finite``), on fresh
 inputs drawn from ``seed`` and returns a :class:`Scorecard`. The candidate runs in its own worker process
 (``grading.runner``, ``grading.sandbox``): it sees only the problem inputs, never the truth, the
 reference's baseline or the grader's state, and every process it starts is killed before the next
@@ -22,9 +22,9 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from ..grading import checks as C
-from ..grading.feature_checks import FEATURE_CHECKS
-from ..grading.paged_checks import PAGED_CHECKS, paged_checks_for
+from ..grading.dense import checks as C
+from ..grading.dense.feature_checks import FEATURE_CHECKS
+from ..grading.paged.checks import PAGED_CHECKS, paged_checks_for
 from ..grading import isolation as isolations
 from ..grading import tripwire
 from ..grading.candidates import Candidate, resolve
@@ -72,14 +72,14 @@ class Scorecard:
     checks: list[CheckResult]
     error: str | None = None
     seed: int = 0
-    level: str = "full"  # which problem set graded it: "full" or "quick" (grading.problems)
+    level: str = "full"  # which problem set graded it: "full" or "quick" (grading.dense.problems)
     verdicts: dict = field(default_factory=dict, repr=False)  # check name -> tolerance verdicts (for power)
     tampered: bool = False  # the candidate changed files the grader runs (grading.tripwire): stop grading
     isolation: str = "process"  # where its worker ran: "bubblewrap" or "process" (grading.isolation)
     memory_limit: str | None = None  # what bounded its worker's memory: grading.memcg.KINDS; None: no worker ran
     syscall_filter: str | None = None  # what filtered its worker's system calls: grading.syscalls.KINDS
     features: tuple[str, ...] = ()  # the declared features graded on top of the base contract (contract.FEATURES)
-    contract: str = "attention"  # the contract graded: "attention" or "paged" (grading.paged_checks)
+    contract: str = "attention"  # the contract graded: "attention" or "paged" (grading.paged.checks)
 
     @property
     def passed(self) -> bool:
@@ -120,7 +120,7 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate)
     in a worker process of its own, killed (with everything it started) before this returns.
 
-    ``level``: "full" (the problem distribution of ``grading.problems``) or "quick" (small fixed shapes,
+    ``level``: "full" (the problem distribution of ``grading.dense.problems``) or "quick" (small fixed shapes,
     for fast tests). ``time_limit_s``: seconds of waiting on the candidate per scorecard, all calls together (loading
     included, the worker's interpreter and JAX start not); once it runs out, the worker is killed and
     the remaining checks fail as "not run". ``memory_limit_gb``: the worker's memory limit in GiB (its
@@ -128,8 +128,8 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     (bubblewrap for anything but a built-in), "bubblewrap" or "process" (``grading.isolation``). ``features``:
     which of the candidate's declared features to grade (None: all it declares; ``()``: the base contract
     only; naming one it does not declare makes the scorecard's error). ``paged``: grade it against the paged
-    contract (``grading.paged_checks``; a paged built-in always is). ``slots_from``: the seed the problems'
-    shapes and flags are drawn from, their values still from ``seed`` (``grading.checks.Context``; None:
+    contract (``grading.paged.checks``; a paged built-in always is). ``slots_from``: the seed the problems'
+    shapes and flags are drawn from, their values still from ``seed`` (``grading.dense.checks.Context``; None:
     ``seed``): a regrade of stored programs on new values at the shapes they were exported for. Raises
     ``CandidateSpecError`` for a malformed spec and ``IsolationUnavailable`` when bubblewrap is needed and
     cannot run here.

@@ -22,8 +22,8 @@ import numpy as np
 
 from ..grading.candidates import Candidate, CandidateLoadError, cpu_compile_options, names_a_file, resolve
 from ..grading.isolation import inside_path
-from ..grading.paged_problems import PagedProblem
-from ..grading.problems import Problem
+from ..grading.paged.problems import PagedProblem
+from ..grading.dense.problems import Problem
 from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB, STARTUP_LIMIT_S, Expired, Sandbox, WorkerGone, load_request
 from ..grading.worker import ProtocolError
 from kernel_src.contract import canonical_features
@@ -222,7 +222,7 @@ class Runner:
         return out
 
     def paged_forward(self, p: PagedProblem) -> np.ndarray:
-        """The paged candidate's output on ``p`` (``grading.paged_problems``) as a NumPy array; the shape is
+        """The paged candidate's output on ``p`` (``grading.paged.problems``) as a NumPy array; the shape is
         checked, the dtype left to the checks."""
         arrays = [p.q, p.k_pages, p.v_pages, p.lengths, p.table] + ([p.sinks] if p.sinks is not None else [])
         header = {"op": "paged", "causal": bool(p.causal), "scale": None if p.scale is None else float(p.scale),

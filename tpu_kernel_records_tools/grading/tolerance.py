@@ -1,12 +1,12 @@
 """The tolerance policy: when is a candidate's numerical error acceptable?
 
-Ground truth is the float64 oracle (``grading.oracle``). Every tensor a candidate returns (the output,
+Ground truth is the float64 oracle (``grading.dense.truth``). Every tensor a candidate returns (the output,
 and dQ, dK, dV under a random cotangent) gets two errors against it:
 
 * norm-wise relative error  ``||c - o||_2 / ||m||_2``;
 * worst-element error       ``max_i |c_i - o_i| / max_i m_i`` (with the first index where it occurs);
 
-where ``m`` is the float64 magnitude of the terms the result sums (``grading.oracle.Truth.magnitude``:
+where ``m`` is the float64 magnitude of the terms the result sums (``grading.dense.truth.Truth.magnitude``:
 ``P |V|`` for the output, and likewise on absolute values for dQ, dK, dV). ``m`` is ``|o|`` where nothing
 cancels; unlike ``|o|`` it does not vanish where the exact result cancels to zero (dQ of a row that
 sees one key is exactly zero, and any reordering leaves rounding-sized values there).
@@ -32,11 +32,11 @@ it is that rounding alone (``ALLOWED_ROUNDINGS`` says how each enters a verdict)
 
 * dK and dV with each query head's contribution rounded to the input dtype before the sum over its group
   (FlashAttention-2-style backwards, and any kernel run on repeated K/V heads; bfloat16 problems with
-  groups, ``grading.problems.Problem.grouped_baseline``). Its error widens the bound
+  groups, ``grading.dense.problems.Problem.grouped_baseline``). Its error widens the bound
   (``judge(alternatives=...)``: the baseline error is the larger of the two), so the bound grows with
   what the group's rounding costs instead of rejecting such kernels at 8+ heads per kv head.
 * dQ and dK with ``di = rowsum(dO * O)`` taken from the output rounded to the input dtype, as every
-  FlashAttention-style backward takes it from the output it stored (``grading.oracle.Truth.stored_out_grads``).
+  FlashAttention-style backward takes it from the output it stored (``grading.dense.truth.Truth.stored_out_grads``).
   Its exact result is a second answer (``judge(answers=...)``): the candidate is judged against the
   nearer of it and the truth, under the reference's bound. Where a row's probabilities are peaked,
   ``dP - di`` cancels, and that one rounding of O outweighs all the reference rounds: flash, flash-triton
@@ -46,10 +46,10 @@ it is that rounding alone (``ALLOWED_ROUNDINGS`` says how each enters a verdict)
   first (what models usually feed splash) passes that way, and fails as it is.
 
 A NaN or Inf never passes, whatever the bound; the exact zeros the contract demands are checked
-exactly, not by this module (``grading.checks``).
+exactly, not by this module (``grading.dense.checks``).
 
 Chosen by measurement, not by taste (CPU, jax 0.10.2): calibrated on the full level (the problem
-distribution of ``grading.problems``, every slot but the two named below) with ``tpu-kernel-records calibrate`` (``sweeps.calibration``; its
+distribution of ``grading.dense.problems``, every slot but the two named below) with ``tpu-kernel-records calibrate`` (``sweeps.calibration``; its
 trials are ``calibration/trials.jsonl``, its report ``calibration/REPORT.md``), 200 calibration seeds
 (0-199) and 200 held-out seeds (1000-1199) of every pure-JAX correct built-in and the first 10 + 10 of the
 Pallas and Triton kernels in interpret mode. The smallest ``k`` that passes every comparison of a trial,

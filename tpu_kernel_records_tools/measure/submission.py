@@ -110,7 +110,7 @@ class _PagedRecorder:
     """``_Recorder`` for the paged rubric: calls the paged reference in this process and notes each call."""
 
     def __init__(self):
-        from ..grading.paged_candidates import paged_reference
+        from ..grading.paged.known_bad import paged_reference
 
         self.fn = paged_reference
         self.signatures: list[PagedSignature] = []
@@ -125,8 +125,8 @@ class _PagedRecorder:
 def grading_signatures(seed: int, level: str, features: tuple[str, ...] = (), contract: str = "attention") -> list:
     """Every call signature the rubric makes at ``seed`` and ``level`` on a correct kernel that declares
     ``features`` (on the paged contract: the paged rubric's calls, as ``PagedSignature``s)."""
-    from ..grading import checks as C
-    from ..grading.paged_checks import paged_checks_for
+    from ..grading.dense import checks as C
+    from ..grading.paged.checks import paged_checks_for
     from ..grading.rubric import checks_for
 
     recorder = _PagedRecorder() if contract == PAGED else _Recorder()

@@ -11,7 +11,7 @@ timed calls whose outputs are checked (``bench.submitted.checked_samples``) and,
   each row. A query row against the keys it sees is a problem of its own with q_len 1, exactly: causal
   becomes a key length ``min(length, i + kv_len - q_len + 1)``, so every row has the same shapes and the
   contract-precision baseline (the reference, one row at a time under ``lax.map``) compiles once. The
-  truth is :func:`_rows`, the oracle's (``grading.oracle``) formulas at per-row key lengths, a batch
+  truth is :func:`_rows`, the oracle's (``grading.dense.truth``) formulas at per-row key lengths, a batch
   element's rows at once: the oracle called per row took 0.84 s a row at seq 16384 on this CPU (its
   q_len-1 products are matrix-vector ones), 54 s a check; tests hold ``_rows`` to the oracle;
 * for a forward + backward: ``ROWS`` key rows of one (batch element, kv head), dK and dV there
@@ -186,7 +186,7 @@ def _reference_rows(q_rows, ct_rows, k, v, batch_index, limits, *, scale, backwa
 
 class Rows(NamedTuple):
     """What :func:`_rows` computes: per query row ``[group, n, head_dim]`` (``None`` where not asked),
-    per key row each query head's share ``[group, keys, head_dim]``, and magnitudes (``grading.oracle``); with a
+    per key row each query head's share ``[group, keys, head_dim]``, and magnitudes (``grading.dense.truth``); with a
     stored dtype, dQ and dK again with ``rowsum(dO * O)`` from the output rounded to it."""
     out: Any
     out_mag: Any

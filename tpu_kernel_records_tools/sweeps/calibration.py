@@ -13,9 +13,9 @@ speed is implied).
 full level whose outcome holds tolerance verdicts (the candidate's errors against the float64 truth over the
 reference's errors; :func:`numeric_checks`: every base check but output-shape-dtype and determinism, and
 each declared feature's check), run as the rubric runs them, on the problems the full level draws: the
-checks build them (``grading.checks.problems``). **Slot groups.** Seeds come in groups of ``SLOT_GROUP``
+checks build them (``grading.dense.checks.problems``). **Slot groups.** Seeds come in groups of ``SLOT_GROUP``
 (``0-4``, ``5-9``, ..., ``1000-1004``, ...) that share one draw of slots, the shapes, dtypes and flags of
-the group's first seed (``grading.checks.Context.slots_from``), each seed drawing its own values; so the
+the group's first seed (``grading.dense.checks.Context.slots_from``), each seed drawing its own values; so the
 first seed of a group gets exactly its full-level scorecard's problems, every seed gets a full-level draw of
 slots with fresh values, and the compiled programs of a group's first seed serve the rest
 (``tests/test_calibration.py`` compares the draws problem by problem with the rubric's, and, slow, the
@@ -87,11 +87,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from ..grading import checks as C
+from ..grading.dense import checks as C
 from ..sweeps import power
 from ..grading.candidates import BUILTIN, Candidate, resolve
-from ..grading.feature_checks import FEATURE_CHECKS
-from ..grading.problems import Problem
+from ..grading.dense.feature_checks import FEATURE_CHECKS
+from ..grading.dense.problems import Problem
 from ..sweeps.in_process_runner import InProcessRunner
 from ..grading.runner import Runner
 from ..grading.tolerance import POLICY
@@ -102,7 +102,7 @@ HELD_OUT_FIRST_SEED = 1000
 RULE_MARGIN = 1.25
 FORMAT = 3
 # Seeds share their slots (shapes, dtypes, flags) in groups of this many: seed s takes the slots of
-# ``slots_seed(s)``, the first seed of its group, and its values from itself (``grading.checks.Context.slots_from``).
+# ``slots_seed(s)``, the first seed of its group, and its values from itself (``grading.dense.checks.Context.slots_from``).
 SLOT_GROUP = 5
 # Where the committed calibration lives (relative to the checkout, as ``data`` is for ``verify``). Not under
 # data/: every file there is checksummed by data/SHA256SUMS and traces back to a run folder in data/raw/.
@@ -183,7 +183,7 @@ def _cpu_s(children: bool = False) -> float:
 def seed_problems(seed: int, level: str = "full", features: Sequence[str] = FEATURES,
                   prepare: bool = True, slots_from: int | None = None) -> list[Problem]:
     """Every fresh problem the numeric checks (of a candidate declaring ``features``) draw on ``seed``, as
-    the full grade draws them (the checks' own builders, through ``grading.checks.problems``), in check
+    the full grade draws them (the checks' own builders, through ``grading.dense.checks.problems``), in check
     order; with ``prepare`` their truth and baselines computed, one problem at a time (not on the background
     threads: three float64 truths of full-level prefills at once took two runs past 23 GB)."""
     planning = C._Planning(None, seed, level=level, ahead=False, slots_from=slots_from)
@@ -379,7 +379,7 @@ def distribution_digest(level: str = "full", *, leave_out: tuple[str, ...] = ())
 
 
 def _forget(seed: int, level: str) -> None:
-    """Drop the problems (inputs, truth, baselines) of ``seed`` kept by ``grading.checks``: a sweep never
+    """Drop the problems (inputs, truth, baselines) of ``seed`` kept by ``grading.dense.checks``: a sweep never
     comes back to a seed, and a full-level seed holds gigabytes."""
     for key in [k for k in C._CACHE if k[:2] == (seed, level)]:
         del C._CACHE[key]

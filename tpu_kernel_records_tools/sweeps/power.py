@@ -1,11 +1,11 @@
 """How well the rubric tells right from wrong: false rejects of correct candidates, power on bad ones.
 
 ``measure_power(seeds=200)`` grades every candidate on seeds ``first_seed .. first_seed + seeds - 1``
-(fresh shapes and inputs per seed at ``level``, see ``grading.problems``) with the same checks and
+(fresh shapes and inputs per seed at ``level``, see ``grading.dense.problems``) with the same checks and
 the same tolerance as a scorecard: each power trial *is* a full scorecard. Correct candidates (kind
 reference, kernel, correct-variant) should never be rejected; each known-bad one should be rejected on
-every seed, ideally by the check built for its bug. The paged built-ins (``grading.paged_candidates``) are
-graded on the paged rubric (``grading.paged_checks``) beside the dense ones; each entry names its
+every seed, ideally by the check built for its bug. The paged built-ins (``grading.paged.known_bad``) are
+graded on the paged rubric (``grading.paged.checks``) beside the dense ones; each entry names its
 ``contract``, and the totals are also kept per contract (``by_contract``).
 
 It also reports the evidence for the tolerance constants: for each candidate and each
@@ -32,12 +32,12 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..grading import checks as C
+from ..grading.dense import checks as C
 from ..grading.candidates import BUILTIN, PAGED_BUILTIN, Candidate, CandidateLoadError, resolve
-from ..grading.feature_checks import FEATURE_CHECKS
-from ..grading.paged_checks import PAGED_CHECKS, PAGED_FEATURE_CHECKS
-from ..grading.paged_slots import draw_paged_slots
-from ..grading.problems import QUICK, draw_shapes
+from ..grading.dense.feature_checks import FEATURE_CHECKS
+from ..grading.paged.checks import PAGED_CHECKS, PAGED_FEATURE_CHECKS
+from ..grading.paged.slots import draw_paged_slots
+from ..grading.dense.problems import QUICK, draw_shapes
 from ..grading.rubric import grade_seeds
 from ..grading.tolerance import POLICY, needed_floor, needed_k
 
@@ -91,7 +91,7 @@ def grade_trials(tasks: Sequence[tuple[str, int]], *, level: str, time_limit_s: 
                  progress: bool = True, on_trial: Callable[[dict], None] | None = None,
                  candidates: Sequence[Candidate] = (), isolation: str = "auto") -> list[dict]:
     """The ``trial_record`` of each ``(candidate, seed)`` in ``tasks``, graded in this process, in task
-    order. Seeds go in blocks of ``grading.checks.CACHE_SEEDS``: within a block each candidate is graded
+    order. Seeds go in blocks of ``grading.dense.checks.CACHE_SEEDS``: within a block each candidate is graded
     by one worker (``grade_seeds``) on its seeds of the block, and the problems (inputs, truth, baseline)
     of the block's seeds are computed once for all candidates. ``on_trial`` receives each record as soon
     as it is known. Candidates are named in ``tasks`` and resolved by name unless given in ``candidates``."""
@@ -226,7 +226,7 @@ def _totals(entries: list[dict]) -> dict[str, int]:
 
 
 def _paged_shapes(seeds: int, first_seed: int, level: str) -> list[dict]:
-    """Every paged slot graded (``grading.paged_slots``), named as ``_shapes`` names the dense ones."""
+    """Every paged slot graded (``grading.paged.slots``), named as ``_shapes`` names the dense ones."""
     def row(name: str, slot) -> dict:
         return {"name": name, **{f: getattr(slot, f) for f in ("batch", "q_len", "num_q_heads", "num_kv_heads",
                                                                "head_dim", "page_size", "pages_per_sequence",
@@ -247,7 +247,7 @@ def power_markdown(power: dict) -> str:
     else:
         dims = sorted({s["head_dim"] for s in power["shapes"]})
         longest = max(s["kv_len"] for s in power["shapes"])
-        shapes = (f"{len(power['shapes'])} shapes drawn by seed (grading.problems: head_dim {dims}, groups 1-8, "
+        shapes = (f"{len(power['shapes'])} shapes drawn by seed (grading.dense.problems: head_dim {dims}, groups 1-8, "
                   f"kv_len up to {longest})")
     lines = [
         f"Grader power over {power['seeds']} seeds (seeds {power['first_seed']}..{power['first_seed'] + power['seeds'] - 1}), "

@@ -16,7 +16,7 @@ report are the same serially, on a local or on a remote cluster (``seconds_per_t
 :func:`map_on_dask` is that machinery for any task (``sweeps.calibration`` sends it a slot group per task).
 
 Work that does not depend on the candidate (each seed's problems, float64 truth and baselines) is kept
-by ``grading.checks`` in the process that grades, per seed: each seed's tasks are sent to one Dask worker
+by ``grading.dense.checks`` in the process that grades, per seed: each seed's tasks are sent to one Dask worker
 (allowed elsewhere only if it is lost), so a seed's truth is computed once, not once per candidate.
 """
 

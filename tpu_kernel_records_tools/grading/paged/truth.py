@@ -2,7 +2,7 @@
 
 Each sequence's keys are gathered through its page table, exactly ``kv_lengths[b]`` of them (never a
 slot past the length, so whatever the pool holds there cannot reach the truth), and handed to the dense
-float64 truth (``grading.oracle.attention``) as a cache of ``kv_len = kv_lengths[b]``: the dense contract
+float64 truth (``grading.dense.truth.attention``) as a cache of ``kv_len = kv_lengths[b]``: the dense contract
 puts row ``i`` at ``i + kv_len - q_len``, which is then the paged position ``kv_lengths[b] - q_len + i``.
 
 ``dense_twin`` writes the same problem once more in the dense contract's own terms, for the rubric's
@@ -16,14 +16,14 @@ from typing import NamedTuple
 
 import numpy as np
 
-from ..grading import oracle
+from ...grading.dense import truth as oracle
 
 
 class PagedTruth(NamedTuple):
     """Float64 results of one paged problem.
 
     ``out``: ``[batch, q_len, num_q_heads, head_dim]``; ``empty``: bool ``[batch, q_len]``, the rows that see
-    no key (their output is exact zeros); ``magnitude``: ``{"out": P |V|}`` (``grading.oracle.Truth``);
+    no key (their output is exact zeros); ``magnitude``: ``{"out": P |V|}`` (``grading.dense.truth.Truth``);
     ``logit_max``: the largest ``|logit|`` over visible pairs (0 when none is)."""
 
     out: np.ndarray
@@ -52,7 +52,7 @@ def paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, scale: flo
         head_dim]``; kv_lengths int ``[batch]``; page_indices int ``[batch, pages_per_sequence]`` (any
         array, JAX or NumPy, bf16 included; values are taken exactly).
       scale, causal, window, softcap, sinks: the contract's (``window`` is ``window_size``).
-      magnitude_dtype: as in ``grading.oracle.attention``.
+      magnitude_dtype: as in ``grading.dense.truth.attention``.
     """
     q = oracle.as_f64(q)
     k_pages, v_pages = np.asarray(k_pages), np.asarray(v_pages)

@@ -67,7 +67,7 @@ from the middle half of each sixth of ``[1, kv_len - 1]``, shuffled: eight disti
 
 Each slot has one dtype and set of flags (``SLOT_FLAGS``; the ``small[d]`` slots cycle through every
 combination of causal and kv_lengths, all with the explicit scale), so every (shape, dtype, flags) is
-drawn at least twice with different values in one grade. Per check (``grading.checks``):
+drawn at least twice with different values in one grade. Per check (``grading.dense.checks``):
 forward-accuracy long, accum, batch, ahead, serve8, spec, longcache (twice: random, and V constant
 along keys, which a bfloat16 running sum cannot return exactly), longdecode, longspec, prefill,
 exact512, exact2048, exact4096; gradients long, accum, decode, gqa, heads40, exact512; causal-leak long, ahead, spec,
@@ -288,7 +288,7 @@ def serving_lengths(rng: np.random.Generator, dims: Dims) -> np.ndarray:
 
 # --------------------------------------------------------------------------------------------------
 # The features' slots (``kernel_src.contract.FEATURES``), graded only for a candidate that declares the
-# feature (``grading.feature_checks``). Every slot is graded on every seed; the shapes and the feature
+# feature (``grading.dense.feature_checks``). Every slot is graded on every seed; the shapes and the feature
 # values are drawn by seed from a generator of their own, so adding them moved no base slot.
 #
 # window (W: a model's sliding window, ``window_size=(W - 1, 0)``; "~" as above):

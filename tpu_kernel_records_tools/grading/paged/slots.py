@@ -1,9 +1,9 @@
 """The paged rubric's slots: the shapes, page sizes, pools and lengths its problems are drawn at.
 
-Two levels, as for the dense contract (``grading.slots``): ``"full"`` draws every slot by seed, ``"quick"``
+Two levels, as for the dense contract (``grading.dense.slots``): ``"full"`` draws every slot by seed, ``"quick"``
 keeps fixed small sizes (every seed reuses the programs compiled once) with the same probes. A slot fixes
 the shape, dtype, flags and ``kv_lengths``; the values, the page table and the pool's layout are drawn per
-problem (``grading.paged_problems``).
+problem (``grading.paged.problems``).
 
 The full distribution (``r(a, b)`` uniform integer in ``[a, b]``; ``G`` a per-seed permutation of the groups
 1, 2, 4, 8; ``O`` one of the groups 3, 5, 6, 7; ``E(ps, pps)`` the edge lengths 0, 1, ps - 1, ps, ps + 1,
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..grading.slots import LEVELS
+from ...grading.dense.slots import LEVELS
 
 PAGE_SIZES = (16, 32, 128)
 ODD_PAGE_SIZES = (24, 40, 48)  # no power of two

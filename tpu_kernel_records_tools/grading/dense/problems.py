@@ -1,7 +1,7 @@
 """The rubric's problems: inputs and flags of one candidate call (``Problem``, with the float64 truth
 and the reference's result computed on demand), and ``normal``, which draws one at a slot's shape.
 
-The shapes, the slots' dtypes and flags and the kv_lengths drawn are in ``grading.slots`` (the table of
+The shapes, the slots' dtypes and flags and the kv_lengths drawn are in ``grading.dense.slots`` (the table of
 the full distribution is its docstring); their names are re-exported here for older callers.
 """
 
@@ -15,9 +15,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..grading import oracle
-from ..grading.candidates import jit_cpu, reference
-from ..grading.slots import (EXPLICIT_SCALE, GROUPS, HEAD_DIMS, LEVELS, ODD_HEAD_DIMS, QUICK,  # noqa: F401
+from ...grading.dense import truth as oracle
+from ...grading.cpu_jit import jit_cpu
+from ...grading.dense.known_bad import reference
+from ...grading.dense.slots import (EXPLICIT_SCALE, GROUPS, HEAD_DIMS, LEVELS, ODD_HEAD_DIMS, QUICK,  # noqa: F401
                              QUICK_SLOTS, SERVING_SLOTS, SHAPES, SHORT, SLOT_FLAGS, SLOT_MIN_LENGTH,
                              SMALL_FLAGS, TILES, draw_lengths, draw_shapes, gradient_slot, serving_lengths,
                              slot_flags)
@@ -116,7 +117,7 @@ class Problem:
         """The reference's ``(out,)`` or ``(out, dq, dk, dv)`` when ``ct`` is set (and ``dsinks`` after them
         when the problem has sinks).
 
-        A slot graded with gradients (``grading.slots.GRADIENT_SLOTS``) gets both from one compiled
+        A slot graded with gradients (``grading.dense.slots.GRADIENT_SLOTS``) gets both from one compiled
         program per shape and flags (a forward-only problem runs it under a zero cotangent), so it
         compiles once; a forward-only slot runs the reference's forward alone."""
         features = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}

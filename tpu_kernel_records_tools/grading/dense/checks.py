@@ -1,12 +1,12 @@
-"""The rubric's checks: each builds its problems (``grading.problems``), calls the candidate through the
+"""The rubric's checks: each builds its problems (``grading.dense.problems``), calls the candidate through the
 ``Context`` (``ctx.forward(problem)`` / ``ctx.vjp(problem)``, which call ``ctx.runner``) and judges what
 came back.
 
 Every check draws fresh inputs from ``(seed, check name, trial)`` at the shapes of the context's level
-(``grading.problems.draw_shapes``: by seed at the sizes models run for "full", four toy shapes for
+(``grading.dense.problems.draw_shapes``: by seed at the sizes models run for "full", four toy shapes for
 "quick"), so a new seed means new shapes and values; all candidates graded with one seed and level see
 the same inputs (and the float64 truth and the reference's baseline are computed once per seed). Each
-shape is drawn from a *slot* whose dtype and flags are fixed (``grading.problems.SLOT_FLAGS``), and every
+shape is drawn from a *slot* whose dtype and flags are fixed (``grading.dense.problems.SLOT_FLAGS``), and every
 slot is called at least twice with different values in one grade: a fresh draw that gets the bits of an
 earlier draw at the same shape and flags fails the check where it happens ("a result kept by shape").
 Problem sizes: one large problem per check where that suffices, small ones where the check is exact
@@ -30,13 +30,13 @@ from typing import Callable
 
 import numpy as np
 
-from ..grading import oracle
-from ..grading.check_context import (Context, Outcome, _first_difference, _gradient_verdicts,  # noqa: F401
+from ...grading.dense import truth as oracle
+from ...grading.check_context import (Context, Outcome, _first_difference, _gradient_verdicts,  # noqa: F401
                                      _judge_out, _one_hot_values, _perturb_keys, _stays_put, _summarize,
                                      readout_violations)  # (re-exported: feature_checks, paged_checks, tests)
-from ..grading.problems import BACKGROUND_DAEMON, STOPPING, Problem, compute_ahead, normal  # noqa: F401
-from ..grading.slots import EXPLICIT_SCALE, QUICK, SHAPES, SHORT  # noqa: F401
-from ..grading.runner import CandidateFailure, Runner, TimedOut  # noqa: F401  (re-exported)
+from ...grading.dense.problems import BACKGROUND_DAEMON, STOPPING, Problem, compute_ahead, normal  # noqa: F401
+from ...grading.dense.slots import EXPLICIT_SCALE, QUICK, SHAPES, SHORT  # noqa: F401
+from ...grading.runner import CandidateFailure, Runner, TimedOut  # noqa: F401  (re-exported)
 
 # --------------------------------------------------------------------------------------------------
 # The checks.
@@ -86,7 +86,7 @@ class _Planning(Context):
 
 def plan_ahead(seed: int, level: str = "full", specs=None) -> threading.Thread:
     """Build every check's problems of ``(seed, level)`` on a thread of its own and queue their truths and
-    baselines for the threads that compute ahead (``grading.problems.compute_ahead``), so those work
+    baselines for the threads that compute ahead (``grading.dense.problems.compute_ahead``), so those work
     through the whole grade from the worker's start on instead of a check at a time. Each check runs
     until its first call of the candidate; an error is left for the graded run to meet and report. A
     check that asks for its problems while they are being built waits for them (``problems``). ``specs``:
@@ -94,7 +94,7 @@ def plan_ahead(seed: int, level: str = "full", specs=None) -> threading.Thread:
     def run() -> None:
         ctx = _Planning(None, seed, level=level)
         for spec in CHECKS if specs is None else specs:
-            if STOPPING.is_set():  # the interpreter is exiting (grading.problems)
+            if STOPPING.is_set():  # the interpreter is exiting (grading.dense.problems)
                 return
             try:
                 spec.run(ctx)

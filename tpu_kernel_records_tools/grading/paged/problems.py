@@ -1,6 +1,6 @@
 """The paged rubric's problems: one call's pool, page table, lengths and flags (``PagedProblem``, with the
 float64 truth and the paged reference's result computed on demand), and ``draw``, which lays a pool out at
-a slot (``grading.paged_slots``) the way a serving engine's pool looks after a while.
+a slot (``grading.paged.slots``) the way a serving engine's pool looks after a while.
 
 Layout of a drawn pool: each sequence's pages are distinct pages drawn at random from a pool 3-4 times
 larger than needed (permuted, non-contiguous), some sequences share their leading pages with another's
@@ -17,10 +17,10 @@ import functools
 import jax.numpy as jnp
 import numpy as np
 
-from ..grading import paged_oracle
-from ..grading.paged_candidates import paged_reference
-from ..grading.paged_slots import INDEX_LIMIT, PagedSlot
-from ..grading.slots import SHORT
+from ...grading.paged import truth as paged_oracle
+from ...grading.paged.known_bad import paged_reference
+from ...grading.paged.slots import INDEX_LIMIT, PagedSlot
+from ...grading.dense.slots import SHORT
 
 FILLS = ("nan", "inf", "huge")  # what the slots no sequence reads hold: NaN, +-Inf, +-1e38
 
@@ -123,7 +123,7 @@ class PagedProblem:
 
     @functools.cached_property
     def baseline(self) -> tuple[np.ndarray]:
-        """``(out,)``: the paged reference's output (``grading.paged_candidates.paged_reference``)."""
+        """``(out,)``: the paged reference's output (``grading.paged.known_bad.paged_reference``)."""
         return (np.asarray(paged_reference(jnp.asarray(self.q), jnp.asarray(self.k_pages), jnp.asarray(self.v_pages),
                                            **self.kwargs)),)
 

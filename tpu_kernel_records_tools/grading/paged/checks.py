@@ -1,5 +1,5 @@
 """The paged rubric's checks (``tpu-kernel-rubric --paged``): each draws problems at the paged slots
-(``grading.paged_slots``, ``grading.paged_problems``), calls the candidate through ``ctx.runner.paged_forward``
+(``grading.paged.slots``, ``grading.paged.problems``), calls the candidate through ``ctx.runner.paged_forward``
 (its own sandboxed worker, as for the dense contract) and judges what came back.
 
 Every pool is NaN wherever no key is (unused slots of last pages, unused pages, the pages trailing table
@@ -15,7 +15,7 @@ must be exact zeros. The checks and what each probes:
   entries re-pointed (NaN pages <-> page 0): not one bit of the output may change.
 * paged-permutation: the pool permuted with the table permuted alike: not one bit may change.
 * paged-dense: judged against the dense contract's float64 truth on the gathered cache
-  (``grading.paged_oracle.dense_twin``: right-aligned, segment ids hiding the slots before a shorter
+  (``grading.paged.truth.dense_twin``: right-aligned, segment ids hiding the slots before a shorter
   sequence), causal and not.
 * paged-long: ``long`` (32,768-131,072 keys in bfloat16, thousands of pages per sequence, page indices past
   2^15), random V and V constant along keys (exact for fp32 accumulation, drifts in a bfloat16 one).
@@ -28,12 +28,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..grading import oracle
-from ..grading.checks import CheckSpec, Context, Outcome, _first_difference, _summarize, problems
-from ..grading.paged_problems import FILLS, PagedProblem, draw
-from ..grading.paged_slots import PagedSlot, draw_paged_slots
-from ..grading.paged_oracle import dense_twin
-from ..grading.tolerance import Verdict, judge
+from ...grading.dense import truth as oracle
+from ...grading.dense.checks import CheckSpec, Context, Outcome, _first_difference, _summarize, problems
+from ...grading.paged.problems import FILLS, PagedProblem, draw
+from ...grading.paged.slots import PagedSlot, draw_paged_slots
+from ...grading.paged.truth import dense_twin
+from ...grading.tolerance import Verdict, judge
 from kernel_src.contract import PAGED_FEATURES
 
 

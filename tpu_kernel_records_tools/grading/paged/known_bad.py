@@ -5,7 +5,7 @@ Every candidate follows ``paged_attention(q, k_pages, v_pages, *, kv_lengths, pa
 causal=True, window_size=None, softcap=None, sinks=None)`` (``kernel_src.contract``). ``PAGED_ENTRIES``
 lists them; ``grading.candidates`` turns each into a ``Candidate`` of contract "paged" that ``resolve``
 finds by name. A known-bad entry's ``doc`` names its bug and ``catches`` the paged check(s) built to
-reject it (``grading.paged_checks``).
+reject it (``grading.paged.checks``).
 
 The known-bad ones share one compiled program per shape (``_paged_bugs``: every bug a *traced* switch,
 all off the contract), so grading all of them costs one compile per shape, not one per bug.
@@ -20,7 +20,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ..grading.cpu_jit import jit_cpu
+from ...grading.cpu_jit import jit_cpu
 from kernel_src.contract import PAGED_FEATURES, check_paged_inputs, default_scale, visible
 from kernel_src.reference import reference_paged_attention
 

@@ -1,8 +1,8 @@
 """The checks of the contract's features, one per feature and named after it (``kernel_src.contract``):
 ``window``, ``softcap``, ``segments``, ``sinks``. The rubric runs a feature's check only for a candidate
-that declares the feature; the base checks (``grading.checks``) always run, without feature arguments.
+that declares the feature; the base checks (``grading.dense.checks``) always run, without feature arguments.
 
-Each check draws its problems at its feature's slots (``grading.slots.draw_feature_slots``: every slot on
+Each check draws its problems at its feature's slots (``grading.dense.slots.draw_feature_slots``: every slot on
 every seed) and judges them four ways:
 
 * accuracy: the output (and, where the slot says so, dQ, dK, dV and dsinks) against the float64 truth
@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..grading.checks import (CheckSpec, Context, Outcome, _fresh, _gradient_verdicts, _judge_out, _one_hot_values,
+from ...grading.dense.checks import (CheckSpec, Context, Outcome, _fresh, _gradient_verdicts, _judge_out, _one_hot_values,
                               _perturb_keys, _stays_put, _summarize, problems, readout_violations)
-from ..grading.problems import Problem, normal
-from ..grading.slots import BLOCK_SIZES, draw_feature_slots, draw_lengths
+from ...grading.dense.problems import Problem, normal
+from ...grading.dense.slots import BLOCK_SIZES, draw_feature_slots, draw_lengths
 from kernel_src.contract import FEATURES, Dims
 
 
@@ -75,7 +75,7 @@ def _cache_lengths(rng: np.random.Generator, d: Dims, quick: bool) -> np.ndarray
 
 def _segments(rng: np.random.Generator, kind: str, d: Dims, quick: bool,
               lengths: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """``(q_segment_ids, kv_segment_ids)`` of a slot's kind (``grading.slots`` table)."""
+    """``(q_segment_ids, kv_segment_ids)`` of a slot's kind (``grading.dense.slots`` table)."""
     b, lq, lk = d.batch, d.q_len, d.kv_len
     if kind == "chunk":  # the queries are the cache's last rows: its leading documents only among the keys
         kv = np.stack([_cache_documents(rng, lk - lq, lk, [lk - lq + int(rng.integers(1, lq))]) for _ in range(b)])
@@ -127,7 +127,7 @@ def _window_lengths(rng: np.random.Generator, d: Dims, window, quick: bool) -> n
 
 def feature_problem(ctx: Context, rng: np.random.Generator, name: str, *, grad: bool | None = None,
                     tag: str = "") -> Problem:
-    """One draw at feature slot ``name`` (``grading.slots.draw_feature_slots``) with every one of its flags."""
+    """One draw at feature slot ``name`` (``grading.dense.slots.draw_feature_slots``) with every one of its flags."""
     spec = draw_feature_slots(ctx.slot_seed, ctx.level)[name]
     d, quick = spec["dims"], ctx.level == "quick"
     if spec["lengths"] and name == "window/decode":
