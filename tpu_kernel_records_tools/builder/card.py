@@ -396,8 +396,11 @@ def png_text(png: bytes) -> dict[str, str]:
 def usage(repo_id: str = PLACEHOLDER_REPO, tag: str = TAG) -> str:
     """How to load the release from ``repo_id`` at ``tag``: the parquet route, the script route on
     ``datasets`` 2.x/3.x, and the script's builder on 4 and later. ``publish`` names the real repo."""
+    placeholder = (f"\n`{PLACEHOLDER_REPO}` stands for the repository the release is published to (`publish` writes "
+                   "its real name here).") if repo_id == PLACEHOLDER_REPO else ""
     return f'''The configs are plain parquet, so `datasets` loads them directly (after accepting the terms and
-logging in, `hf auth login` or `HF_TOKEN`); pin the release with its tag:
+logging in, `hf auth login` or `HF_TOKEN`); pin the release with its tag. Loading needs `datasets`
+alone (`python -m pip install datasets`), not the source project or JAX.{placeholder}
 
 ```python
 from datasets import load_dataset
@@ -426,6 +429,8 @@ bench = builder.as_dataset(split="train")
 env = load("environment", repo_id="{repo_id}", revision="{tag}")  # from the Hub
 ```
 
+In a clone of the source project the script sits beside the checkout's `data/`, so the same
+`load("correctness")`, run from the clone's root, reads the records there (no download).
 `load` explains how to get access when the Hub refuses it; its cache is keyed on `data/SHA256SUMS`,
 so changed data is never served from a stale cache. With `datasets` 2.x or 3.x,
 `load_dataset("tpu-kernel-records/tpu_kernel_records.py", "benchmark", trust_remote_code=True)` runs

@@ -17,7 +17,7 @@ from typing import Any
 import pyarrow as pa
 
 from .markdown import Markdown, code, table
-from ..records.columns import COLUMNS
+from ..records.columns import COLUMNS, MEMBERS
 from ..records.schema import CONFIG_NAMES, FEATURES
 
 SOURCE_RANK = ("measured", "submitted", "published-summary", "grader-power")
@@ -35,9 +35,31 @@ def type_name(kind: pa.DataType) -> str:
     return {"bool": "bool", "string": "string", "int64": "int64", "double": "float64"}.get(str(kind), str(kind))
 
 
+def member_types(kind: pa.DataType, prefix: str = "") -> dict[str, pa.DataType]:
+    """Every member path of a struct (or list of structs) type, dotted, ``[]`` stepping into a list's items."""
+    if pa.types.is_list(kind) and pa.types.is_struct(kind.value_type):
+        return member_types(kind.value_type, prefix + "[]")
+    if not pa.types.is_struct(kind):
+        return {}
+    out: dict[str, pa.DataType] = {}
+    for field in kind:
+        path = f"{prefix}.{field.name}" if prefix else field.name
+        out[path] = field.type
+        out.update(member_types(field.type, path))
+    return out
+
+
 def undescribed() -> list[str]:
-    """``config.column`` for every column without a description and every description of no column."""
+    """``config.column`` for every column without a description and every description of no column, and
+    likewise for the members of the struct columns ``records.columns.MEMBERS`` describes."""
     problems = []
+    for name, columns in MEMBERS.items():
+        for column, described in columns.items():
+            declared = set(member_types(FEATURES[name].field(column).type))
+            problems += [f"{name}.{column}.{m}: no description in records.columns.MEMBERS"
+                         for m in sorted(declared - set(described))]
+            problems += [f"{name}.{column}.{m}: described in records.columns.MEMBERS but not a member"
+                         for m in sorted(set(described) - declared)]
     for name in CONFIG_NAMES:
         declared, described = set(FEATURES[name].names), set(COLUMNS.get(name, {}))
         problems += [f"{name}.{c}: no description in records.columns" for c in sorted(declared - described)]
@@ -90,6 +112,11 @@ def section(tables: dict[str, pa.Table]) -> str:
                  *map(Markdown, COLUMNS[name][c])]
                 for c in FEATURES[name].names]
         out.append(f"### `{name}`\n\n" + table(["Column", "Type", "Unit", "Meaning", "Null when"], rows))
+        for column, described in MEMBERS.get(name, {}).items():
+            kinds = member_types(FEATURES[name].field(column).type)
+            members = [[Markdown(f"`{column}.{m}`"), Markdown(f"`{type_name(kinds[m])}`"), *map(Markdown, described[m])]
+                       for m in kinds]
+            out.append(f"Members of `{column}`:\n\n" + table(["Member", "Type", "Unit", "Meaning"], members))
         row = example(tables[name].to_pylist())
         if row is not None:
             shown = _STRING.sub(_inert, json.dumps(_short(row), indent=1, default=str, allow_nan=True))

@@ -39,10 +39,11 @@ _NO_PAGED = "not a `paged-decode` case, or a record from before paged caches exi
 
 BENCHMARK = {
     **_RECORD,
-    "device_kind": ("—", "the device as JAX names it, e.g. `TPU v5 lite`", NEVER),
+    "device_kind": ("—", "the device as JAX names it (e.g. `TPU v5 lite` on a v5e, `cpu`); a transcription keeps "
+                         "the name its source printed (`TPU v5e`)", NEVER),
     "device_count": ("count", "devices visible to the run", NEVER),
-    "profile": ("—", "the benchmark profile that chose the shapes: `cpu`, `tiny`, `tpu-v5e`, `gpu` (`published` "
-                     "for a transcription)", NEVER),
+    "profile": ("—", "the benchmark profile that chose the shapes: `cpu`, `tiny`, `tpu-v5e`, `gpu`; `published` "
+                     "for a transcription, `grader-power` for a grader-power sweep (no shapes timed)", NEVER),
     "case_id": ("—", "the case, unique in its record, e.g. `attention-pallas-s2048`", NEVER),
     "scope": ("—", "what is timed: `softmax`, `attention`, `flash`, `sharded`, `model-fwd`, `model-fwd-bwd`, "
                    "`masks-fwd`, `masks-fwd-bwd`, `paged-decode` (one decode step over a paged KV cache)", NEVER),
@@ -175,12 +176,15 @@ CORRECTNESS = {
                       "scorecard that names none (graded before paged caches existed) was graded on `attention`; "
                       "a power row: the contract its candidate was swept on (sweeps before the paged built-ins "
                       "were swept graded `attention` only)", NEVER),
-    "check": ("—", "the check's name (e.g. `causal-leak`, `gradients`)", f"{_CHECK}, or a candidate that could "
+    "check": ("—", "the check's name (e.g. `causal-leak`, `gradients`); a published summary's rows keep its card's "
+                   "own check names (e.g. `causal-mask`), not the rubric's", f"{_CHECK}, or a candidate that could "
                                                                           "not be loaded"),
     "passed": ("—", "the check passed", _CHECK),
     "points": ("points", "points earned: `max_points` when passed, else 0", _CHECK),
     "max_points": ("points", "the check's weight", _CHECK),
-    "detail": ("—", "what the check did and found, in one paragraph", _CHECK),
+    "detail": ("—", "what the check did and found, in one paragraph; in a published summary's rows, the published "
+                    "card's line naming what its check guards against (a passed check's line names the bug it "
+                    "looked for, not one it found)", _CHECK),
     "error": ("relative", "the candidate's worst error against the float64 oracle (or against an allowed "
                           "rounding's exact answer, where nearer)", f"{_CHECK}, or a check that is not numeric"),
     "tolerance": ("relative", "the bound `error` was held to", f"{_CHECK}, or a check that is not numeric"),
@@ -192,8 +196,8 @@ CORRECTNESS = {
     "rejected": ("count", "trials whose scorecard did not pass", _POWER),
     "rejected_by": ("—", "per check (`check`, `count`): trials on which that check failed", _POWER),
     "expected": ("—", "`pass` (correct candidates), `reject` (known-bad) or `unknown`", _POWER),
-    "intended_checks": ("—", "the checks built to catch this known-bad candidate's bug", f"{_POWER}, or not "
-                                                                                        "known-bad"),
+    "intended_checks": ("—", "the checks built to catch this known-bad candidate's bug; `[]` for a candidate that is "
+                             "not known-bad", _POWER),
     "rejected_by_intended": ("count", "trials on which at least one intended check failed", f"{_POWER}, or not "
                                                                                             "known-bad"),
     "power_detail": ("—", "per candidate: `seconds_per_trial`, `load_error`, `min_k_to_pass_tolerances` (the "
@@ -231,8 +235,8 @@ ENVIRONMENT = {
     "bootstrap": ("—", "every JAX version tried before the run, in order: `jax`, `jaxlib`, `libtpu`, `outcome` "
                        "(`used`, `rejected`, `failed`), `error`", "never"),
     "notes": ("—", "free text: for a transcription, every field its source does not state", "no notes"),
-    "measured_candidate": ("—", "the candidate whose checks must all pass for the record to be accepted",
-                           "a grader-power record"),
+    "measured_candidate": ("—", "the candidate whose checks must all pass for the record to be accepted; `none` in a "
+                                "grader-power record (no kernel measured)", NEVER),
     "checks": ("count", "checks of the measured candidate (0 in a grader-power record: no kernel measured)", NEVER),
     "checks_passed": ("count", "of those, passed", NEVER),
     "submission_spec": ("—", "the submitted kernel as given, `file.py:function`", NOT_SUBMITTED),
@@ -246,3 +250,80 @@ ENVIRONMENT = {
 
 COLUMNS: dict[str, dict[str, tuple[str, str, str]]] = {
     "benchmark": BENCHMARK, "correctness": CORRECTNESS, "environment": ENVIRONMENT}
+
+_JSON_OTHER = "any other key of the sweep's document, by `name`, with its value as `json` text"
+# The members of the struct columns a reader digs into, ``MEMBERS[config][column][path] = (unit, meaning)``;
+# ``path`` is dotted, ``[]`` stepping into a list's items. The card's nested-field tables are generated from these
+# (``builder.fields``), and a member of ``records.schema.FEATURES`` without an entry fails the build.
+MEMBERS: dict[str, dict[str, dict[str, tuple[str, str]]]] = {
+    "benchmark": {"compiled_tpu": {
+        "source": ("—", "how the program was compiled (by the run's TPU backend, or for a TPU v5e by libtpu without a "
+                        "chip): a prediction, not a measurement"),
+        "device_kind": ("—", "the TPU the compiler planned for"),
+        "jax": ("—", "JAX version of the compile"),
+        "libtpu": ("—", "libtpu version of the compile"),
+        "flops": ("FLOP", "XLA's cost analysis of the program (each Pallas kernel counts what it declares)"),
+        "bytes_accessed": ("bytes", "XLA's cost analysis: bytes the program reads and writes"),
+        "argument_bytes": ("bytes", "XLA's memory analysis: the arguments"),
+        "output_bytes": ("bytes", "XLA's memory analysis: the outputs"),
+        "temp_bytes": ("bytes", "XLA's memory analysis: temporaries"),
+        "generated_code_bytes": ("bytes", "XLA's memory analysis: the generated code"),
+        "vmem_bytes": ("bytes", "the most VMEM any one Pallas kernel of the program reserves"),
+        "outside_bytes": ("bytes", "bytes read and written by the data-moving ops around the Pallas kernels"),
+        "outside_ops": ("—", "the opcodes of those ops"),
+        "kernels": ("—", "each Pallas TPU kernel of the program"),
+        "kernels[].name": ("—", "the kernel's instruction name in the optimized HLO"),
+        "kernels[].vmem_bytes": ("bytes", "VMEM the kernel reserves (null: none stated)"),
+        "kernels[].result_bytes": ("bytes", "bytes of the kernel's results"),
+        "kernels[].declared_flops": ("FLOP", "FLOPs the kernel's `pl.CostEstimate` declares (null: none declared)"),
+        "kernels[].declared_bytes": ("bytes", "bytes its `pl.CostEstimate` declares (null: none declared)"),
+        "hlo": ("—", "path under the release of the program's gzipped optimized HLO (the builder re-derives the "
+                     "fields above from it)"),
+    }},
+    "correctness": {
+        "power_detail": {
+            "seconds_per_trial": ("s", "seconds per trial of this candidate (the time its grades took)"),
+            "load_error": ("—", "why the candidate could not be loaded (null: it loaded)"),
+            "min_k_to_pass_tolerances": ("—", "the least tolerance multiple k with which every comparison of its "
+                                              "trials would pass"),
+            "calibration": ("—", "per comparison group (`forward` or `gradient` / dtype)"),
+            "calibration[].key": ("—", "the group, e.g. `forward/bfloat16`"),
+            "calibration[].max_ratio": ("ratio", "the largest error / tolerance ratio seen (above 1: a failed "
+                                                 "comparison)"),
+            "calibration[].needed_k": ("—", "the least k that passes every comparison of the group, at the policy's "
+                                            "floor"),
+            "calibration[].needed_floor_eps": ("float32 eps", "the least floor, in units of `eps(float32) * max(1, "
+                                                              "L)`, that passes them at the policy's k"),
+            "other": ("—", _JSON_OTHER),
+            "other[].name": ("—", "the key"),
+            "other[].json": ("—", "its value as JSON"),
+        },
+        "power_settings": {
+            "seeds": ("count", "seeds swept"),
+            "first_seed": ("—", "the first of them (the others follow it)"),
+            "shapes": ("—", "the dense problems' shapes (the paged ones are in `other` as `paged_shapes`)"),
+            "shapes[].name": ("—", "slot and seed, e.g. `long@0`"),
+            "shapes[].batch": ("count", "batch size"),
+            "shapes[].q_len": ("tokens", "query length"),
+            "shapes[].kv_len": ("tokens", "key / value length"),
+            "shapes[].num_q_heads": ("count", "query heads"),
+            "shapes[].num_kv_heads": ("count", "key / value heads"),
+            "shapes[].head_dim": ("count", "features per head"),
+            "dtypes": ("—", "input dtypes drawn"),
+            "checks": ("—", "the dense rubric's checks (the paged ones are in `other` as `paged_checks`)"),
+            "policy": ("—", "the tolerance policy the sweep judged with"),
+            "policy.k_forward": ("—", "k for the output"),
+            "policy.k_gradient": ("—", "k for dQ, dK, dV"),
+            "policy.floor": ("relative", "the floor at `L <= 1`: `floor_float32_eps_multiple * eps(float32)`"),
+            "policy.floor_float32_eps_multiple": ("float32 eps", "the floor in units of `eps(float32)`"),
+            "policy.rule": ("—", "the rule in words"),
+            "false_rejects": ("count", "trials of correct candidates rejected"),
+            "correct_trials": ("count", "trials of correct candidates"),
+            "missed_bad": ("count", "trials of known-bad candidates not rejected"),
+            "bad_trials": ("count", "trials of known-bad candidates"),
+            "other": ("—", _JSON_OTHER + " (e.g. `level`, `by_contract`, `paged_shapes`, `paged_checks`)"),
+            "other[].name": ("—", "the key"),
+            "other[].json": ("—", "its value as JSON"),
+        },
+    },
+}
