@@ -20,12 +20,14 @@ With ``datasets`` 2.x/3.x (``load_dataset`` on the Hub repository itself reads i
 
 ``datasets`` >= 4 no longer runs loading scripts through ``load_dataset``; use the builder directly::
 
-    from tpu_kernel_records import TpuKernelRecords, load
+    from tpu_kernel_records import VERSION_STRING, TpuKernelRecords, load
     builder = TpuKernelRecords(config_name="benchmark")      # data/ next to this file
     builder.download_and_prepare()
     table = builder.as_dataset(split="train")
     table = load("correctness")                                # the same, in one call
-    table = load("benchmark", repo_id="OWNER/tpu-kernel-records", revision="v1.0.0")  # from the Hub
+    table = load("benchmark", repo_id="OWNER/tpu-kernel-records", revision="v" + VERSION_STRING)  # from the Hub
+
+``OWNER/tpu-kernel-records`` stands for the Hub repository the release is published to.
 """
 
 from __future__ import annotations
