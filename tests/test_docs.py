@@ -184,7 +184,7 @@ def test_submitting_explains_every_acceptance_rule():
     rules = set(re.findall(r'(?:RunError|BuildError|_fail)\(\s*"([a-z0-9-]+)"', source))
     assert len(rules) > 30
     guide = (REPO / "docs" / "SUBMITTING.md").read_text()
-    assert sorted(r for r in rules - {"lock", "card", "verify"} if f"`{r}`" not in guide) == []
+    assert sorted(r for r in rules if f"`{r}`" not in guide) == []
 
 
 def test_a_column_without_a_description_fails_the_card(monkeypatch):
