@@ -41,7 +41,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                     "rows: the paged decode kernel against JAX's paged_attention at the paged-decode "
                     "benchmark's Llama-3-8B shapes, their traffic over the least bytes (goal <= 1.1) and over "
                     "JAX's (goal <= 1). Predicted by the compiler, not measured.")
-    p.add_argument("--profile", default="tpu-v5e", help="benchmark profile (default tpu-v5e)")
+    p.add_argument("--profile", default="tpu-v5e",
+                   help="benchmark profile (default tpu-v5e); h100: the GPU kernels compiled for an H100 and an "
+                        "A100 instead (needs the gpu-plan extra; the other options but --out and --json are unused)")
     p.add_argument("--seq", type=int, nargs="+", metavar="N",
                    help="sequence lengths, of the flash scope, the model shapes and the windowed rows alike "
                         "(default: all of the profile's)")
@@ -74,6 +76,9 @@ def _write_atomic(path: Path, text: str) -> None:
 
 
 def _plan(args: argparse.Namespace) -> int:
+    from .plan_gpu import GPU_PROFILES, gpu_plan
+    if args.profile in GPU_PROFILES:
+        return gpu_plan(args, _write_atomic)
     from ..bench import plan, plan_paged
     from ..builder.plan import check_plan
 
