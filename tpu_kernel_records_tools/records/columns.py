@@ -42,8 +42,9 @@ BENCHMARK = {
     "device_kind": ("—", "the device as JAX names it (e.g. `TPU v5 lite` on a v5e, `cpu`); a transcription keeps "
                          "the name its source printed (`TPU v5e`)", NEVER),
     "device_count": ("count", "devices visible to the run", NEVER),
-    "profile": ("—", "the benchmark profile that chose the shapes: `cpu`, `tiny`, `tpu-v5e`, `gpu`; `published` "
-                     "for a transcription, `grader-power` for a grader-power sweep (no shapes timed)", NEVER),
+    "profile": ("—", "the benchmark profile that chose the shapes: `cpu`, `tiny`, `tpu-v5e`, `gpu`, `h100` (a short "
+                     "check on one NVIDIA H100); `published` for a transcription, `grader-power` for a grader-power "
+                     "sweep (no shapes timed)", NEVER),
     "case_id": ("—", "the case, unique in its record, e.g. `attention-pallas-s2048`", NEVER),
     "scope": ("—", "what is timed: `softmax`, `attention`, `flash`, `sharded`, `model-fwd`, `model-fwd-bwd`, "
                    "`masks-fwd`, `masks-fwd-bwd`, `paged-decode` (one decode step over a paged KV cache)", NEVER),
