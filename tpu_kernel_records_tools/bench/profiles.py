@@ -300,6 +300,12 @@ PROFILES: dict[str, Profile] = {
                 scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED),
         Profile("gpu", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
                 scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED),
+        # scripts/device_check.sh on one NVIDIA H100 (the device tool's), meant to fit its 10 minutes: one GPU (no
+        # sharded scope), flash at 1k, 2k and 8k, the model shapes and paged decode; fewer samples, no known-bads.
+        Profile("h100", batch=8, head_dim=128, seq_lens=(1024, 2048), long_seq_lens=(8192,),
+                max_tokens=8 * 2048, warmups=3, samples=10, grade_known_bad=False,
+                scopes=("softmax", "attention", "flash") + MODEL_SCOPES + PAGED_SCOPES, model=MODEL_SHAPES,
+                paged=MODEL_PAGED),
     )
 }
 
