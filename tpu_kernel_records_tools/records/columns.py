@@ -186,7 +186,7 @@ CORRECTNESS = {
     "detail": ("—", "what the check did and found, in one paragraph; in a published summary's rows, the published "
                     "card's line naming what its check guards against (a passed check's line names the bug it "
                     "looked for, not one it found)", _CHECK),
-    "error": ("relative", "the candidate's worst error against the float64 oracle (or against an allowed "
+    "error": ("relative", "the candidate's worst error against the float64 truth (or against an allowed "
                           "rounding's exact answer, where nearer)", f"{_CHECK}, or a check that is not numeric"),
     "tolerance": ("relative", "the bound `error` was held to", f"{_CHECK}, or a check that is not numeric"),
     "baseline_error": ("relative", "the contract-precision reference's error on the same inputs, or the "
