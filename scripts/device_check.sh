@@ -5,6 +5,7 @@
 # Prints each step's wall time; the run folder is left in runs/. Meant to finish within 10 minutes.
 #   scripts/device_check.sh            run it
 #   scripts/device_check.sh --dry-run  print the steps' commands only (what tests/test_device_check.py reads)
+# DEVICE_VENV=DIR uses that venv (default .venv-device); one that already has the project is not set up again.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dry=${1:-}
@@ -22,7 +23,11 @@ step() {  # step NAME COMMAND...: run it (or print it with --dry-run) and print 
 }
 
 [ "$dry" = "--dry-run" ] || mkdir -p "$scratch"
-step setup bash -c "python3 -m venv $venv && $venv/bin/python -m pip install -q -e '.[dev]' 'jax[cuda12]'"
+if [ -x "$venv/bin/tpu-kernel-records" ]; then  # set up before (a machine without the package index)
+  echo "=== step setup: $venv is set up already"
+else
+  step setup bash -c "python3 -m venv $venv && $venv/bin/python -m pip install -q -e '.[dev]' 'jax[cuda12]'"
+fi
 step gpu "$venv/bin/python" -c "import jax; assert jax.default_backend() == 'gpu', jax.devices(); print(jax.devices())"
 step grade-flash "$venv/bin/tpu-kernel-rubric" --candidate flash --candidate pallas --json "$scratch/grade-flash.json"
 step grade-paged "$venv/bin/tpu-kernel-rubric" --candidate paged-triton --paged --json "$scratch/grade-paged.json"

@@ -4,6 +4,7 @@ that ``build`` accepts a GPU run of that profile (a synthetic run: no GPU was le
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -17,22 +18,31 @@ REPO = Path(__file__).resolve().parent.parent
 H100 = get_profile("h100")
 
 
-def _steps() -> dict[str, str]:
+def _steps(venv: Path) -> dict[str, str]:
     out = subprocess.run([str(REPO / "scripts" / "device_check.sh"), "--dry-run"], capture_output=True, text=True,
-                         check=True).stdout
+                         check=True, env={**os.environ, "DEVICE_VENV": str(venv)}).stdout
     steps = [line.removeprefix("=== step ").split(": ", 1) for line in out.splitlines() if line.startswith("=== step")]
     return dict(steps)
 
 
-def test_dry_run_lists_setup_grade_measure_build_in_order():
-    steps = _steps()
+def test_dry_run_lists_setup_grade_measure_build_in_order(tmp_path):
+    steps = _steps(tmp_path / "venv")
     assert list(steps) == ["setup", "gpu", "grade-flash", "grade-paged", "measure", "build"]
     assert "'jax[cuda12]'" in steps["setup"] and "'.[dev]'" in steps["setup"]
+    assert steps["gpu"].startswith(f"{tmp_path / 'venv'}/bin/python -c ")
     assert "--candidate flash --candidate pallas" in steps["grade-flash"] and "--quick" not in steps["grade-flash"]
     assert "--candidate paged-triton --paged" in steps["grade-paged"] and "--quick" not in steps["grade-paged"]
     run = steps["measure"].split("--out ")[1]
     assert "measure --profile h100" in steps["measure"] and run.startswith("runs/h100-")
     assert f"build {run} --data " in steps["build"] and "--data data" not in steps["build"]
+
+
+def test_a_venv_with_the_project_is_not_set_up_again(tmp_path):
+    script = tmp_path / "venv" / "bin" / "tpu-kernel-records"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    assert _steps(tmp_path / "venv")["setup"] == f"{tmp_path / 'venv'} is set up already"
 
 
 def test_h100_profile_times_one_gpus_kernels_compiled_and_grades_them_fully():

@@ -78,7 +78,7 @@ def _write_atomic(path: Path, text: str) -> None:
 def _plan(args: argparse.Namespace) -> int:
     from .plan_gpu import GPU_PROFILES, gpu_plan
     if args.profile in GPU_PROFILES:
-        return gpu_plan(args, _write_atomic)
+        return gpu_plan(args, _write_atomic, _emit)
     from ..bench import plan, plan_paged
     from ..builder.plan import check_plan
 
@@ -131,9 +131,14 @@ def _plan(args: argparse.Namespace) -> int:
             doc["paged_rows"] = paged
         check_plan(doc)
         _write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
-    if args.out:
-        _write_atomic(args.out, text)
-        print(args.out)
+    return _emit(args.out, text)
+
+
+def _emit(out: Path | None, text: str) -> int:
+    """The plan's Markdown written to ``out`` (atomically; its name printed) or printed."""
+    if out:
+        _write_atomic(out, text)
+        print(out)
     else:
         print(text)
     return 0

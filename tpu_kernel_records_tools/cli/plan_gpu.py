@@ -17,8 +17,9 @@ import sys
 GPU_PROFILES = {"h100": ("h100", "a100")}
 
 
-def gpu_plan(args: argparse.Namespace, write_atomic) -> int:
-    """The ``plan`` command for a GPU profile; ``write_atomic(path, text)`` writes a file."""
+def gpu_plan(args: argparse.Namespace, write_atomic, emit) -> int:
+    """The ``plan`` command for a GPU profile; ``write_atomic(path, text)`` writes a file, ``emit(out, text)``
+    the Markdown (to ``out`` or standard output) and returns the exit status."""
     import jax
 
     if not os.environ.get("JAX_PLATFORMS"):  # the plugin then loads without looking for a driver
@@ -41,9 +42,4 @@ def gpu_plan(args: argparse.Namespace, write_atomic) -> int:
     if args.json:
         write_atomic(args.json, json.dumps(dict(label=plan_gpu.LABEL, command=command, **made, rows=rows),
                                            indent=1) + "\n")
-    if args.out:
-        write_atomic(args.out, text)
-        print(args.out)
-    else:
-        print(text)
-    return 0
+    return emit(args.out, text)
