@@ -147,6 +147,11 @@ def thunk_kernels(thunk_text: str) -> list[dict[str, Any]]:
             for name, grid, threads, smem in _THUNK.findall(thunk_text)]
 
 
+def triton_names(hlo_text: str) -> set[str]:
+    """The names of the Triton kernels (Pallas calls) of a compiled program's HLO."""
+    return set(re.findall(r'custom_call_target="__gpu\$xla\.gpu\.triton".*?\bname = "([^"]+)"', hlo_text))
+
+
 def ptxas_facts(ptxas_text: str) -> dict[str, dict[str, int]]:
     """Per entry function of ``ptxas -v`` output: registers per thread, stack frame and spill bytes."""
     return {name: dict(registers=int(regs), stack_bytes=int(stack), spill_store_bytes=int(stores),
@@ -169,8 +174,8 @@ def compile_facts(fn: Callable[..., Any], abstract_args: Sequence[Any], target: 
                   shape: str) -> dict[str, Any]:
     """``fn`` compiled for ``target`` at ``abstract_args``' shapes and what the compilers said, JSON-able.
 
-    ``kernels``: each launch (XLA's fusions too) with grid, threads, shared memory per block (bytes)
-    and, from ``ptxas -v``, registers per thread and spill bytes. Raises ``CompileFailure`` (one line
+    ``kernels``: each launch (XLA's fusions too; ``triton`` marks the Pallas kernels) with grid, threads,
+    shared memory per block (bytes) and, from ``ptxas -v``, registers per thread and spill bytes. Raises ``CompileFailure`` (one line
     naming ``kernel``, ``shape`` and the compiler's message) when it does not compile.
     """
     args = on_gpu(abstract_args, target)
@@ -184,7 +189,8 @@ def compile_facts(fn: Callable[..., Any], abstract_args: Sequence[Any], target: 
         thunks = "".join(p.read_text() for p in dump.glob("*thunk_sequence.txt"))
         registers = _assemble(dump, TARGETS[target].arch)
     memory = compiled.memory_analysis()
-    launches = [{**k, **registers.get(k["name"], {})} for k in thunk_kernels(thunks)]
+    triton = triton_names(compiled.as_text())
+    launches = [{**k, "triton": k["name"] in triton, **registers.get(k["name"], {})} for k in thunk_kernels(thunks)]
     return dict(kernel=kernel, shape=shape, target=target, arch=TARGETS[target].arch,
                 device_kind=str(devices(target)[0].device_kind), cost_analysis=compiled.cost_analysis(),
                 argument_bytes=int(memory.argument_size_in_bytes), output_bytes=int(memory.output_size_in_bytes),

@@ -21,17 +21,18 @@ from .gpu_compiled import TARGETS, compile_facts, plugin_version
 
 LABEL = ("Predicted by the GPU compilers, not measured: programs compiled for an NVIDIA H100 (sm_90) and A100 "
          "(sm_80) by XLA and ptxas on a machine without a GPU (nothing ran).")
-TRITON_NAMES = ("_forward_kernel", "_dq_kernel", "_dkv_kernel", "_kernel")
 
 
 @dataclasses.dataclass(frozen=True)
 class Program:
-    """One program to compile: ``fn(*args)`` at the abstract ``args``; ``kernel`` and ``shape`` name it."""
+    """One program to compile: ``fn(*args)`` at the abstract ``args``; ``kernel`` and ``shape`` name it,
+    ``triton`` lists the Triton kernels it launches."""
 
     kernel: str
     shape: str
     fn: Callable[..., Any]
     args: tuple[Any, ...]
+    triton: tuple[str, ...] = ()
 
 
 def _vjp(attend: Callable[..., Any], n_diff: int) -> Callable[..., Any]:
@@ -76,10 +77,11 @@ def flash_programs(batch: int = 1, seq: int = 4096, heads: tuple[int, int] = (32
         return attend, 3 + with_sinks, (q, kv, kv, *extra)
 
     attend, _, args = attend_with({})
-    found = [Program("flash fwd", shape, attend, args)]
+    found = [Program("flash fwd", shape, attend, args, ("_forward_kernel",))]
     for feature, options in FEATURES.items():
         attend, n_diff, args = attend_with(options)
-        found.append(Program(f"flash fwd+bwd {feature}", shape, _vjp(attend, n_diff), args))
+        found.append(Program(f"flash fwd+bwd {feature}", shape, _vjp(attend, n_diff), args,
+                             ("_forward_kernel", "_dq_kernel", "_dkv_kernel")))
     return found
 
 
@@ -98,7 +100,7 @@ def paged_program(batch: int = 8, keys: int = 8192, heads: tuple[int, int] = (32
     def decode(q, k_pages, v_pages, lengths, table):
         return paged_attention_triton(q, k_pages, v_pages, kv_lengths=lengths, page_indices=table)
     return Program("paged decode", f"b{batch} keys{keys} h{hq}/{hk} d{head_dim} page{page_size} bf16",
-                   decode, args)
+                   decode, args, ("_kernel",))
 
 
 def softmax_program(batch: int = 1, heads: int = 8, seq: int = 2048) -> Program:
@@ -108,7 +110,7 @@ def softmax_program(batch: int = 1, heads: int = 8, seq: int = 2048) -> Program:
     logits = jax.ShapeDtypeStruct((batch, heads, seq, seq), jnp.float32)
     attend = lambda x, lengths: masked_softmax(x, causal=True, kv_lengths=lengths)  # noqa: E731
     return Program("masked softmax fwd+bwd", f"b{batch} h{heads} s{seq} f32", _vjp(attend, 1),
-                   (logits, jax.ShapeDtypeStruct((batch,), jnp.int32)))
+                   (logits, jax.ShapeDtypeStruct((batch,), jnp.int32)), ("_forward_kernel", "_backward_kernel"))
 
 
 def programs() -> list[Program]:
@@ -132,10 +134,6 @@ def made() -> dict[str, Any]:
     return dict(jax=jax.__version__, plugin=plugin_version(), date=datetime.date.today().isoformat())
 
 
-def _triton(row: dict[str, Any]) -> list[dict[str, Any]]:
-    return [k for k in row["kernels"] if k["name"] in TRITON_NAMES]
-
-
 def render_markdown(rows: list[dict[str, Any]], command: str, facts: dict[str, Any]) -> str:
     """The plan as Markdown: one line per Triton kernel of each program and target."""
     lines = [f"# Static plan of the GPU kernels: NVIDIA H100 and A100", "", f"**{LABEL}**", "",
@@ -148,7 +146,7 @@ def render_markdown(rows: list[dict[str, Any]], command: str, facts: dict[str, A
              "thread | spills (bytes, store / load) | program temp (MiB) |",
              "|---|---|---|---|---|---:|---:|---:|---:|---:|"]
     for row in rows:
-        for k in _triton(row):
+        for k in (k for k in row["kernels"] if k["triton"]):
             grid = "x".join(map(str, k["grid"]))
             lines.append(f"| {row['target']} | {row['kernel']} | {row['shape']} | `{k['name']}` | {grid} | "
                          f"{k['threads'][0]} | {k['shared_memory_bytes'] / 1024:.1f} | {k.get('registers', '-')} | "
