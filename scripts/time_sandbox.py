@@ -21,8 +21,9 @@ import sys
 
 CHILD = r"""
 import json, resource, sys, time
-from tpu_kernel_records_tools.grading import rubric, runner, sandbox
+from tpu_kernel_records_tools.grading import rubric, runner
 
+from tpu_kernel_records_tools.sandbox import sandbox
 name, level, starts = sys.argv[1], sys.argv[2], int(sys.argv[3])
 start_s = []
 for _ in range(starts):  # a bare worker: launch until it has imported JAX and said hello

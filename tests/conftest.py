@@ -30,7 +30,7 @@ def _attention_inputs(batch, q_len, kv_len, q_heads, kv_heads, head_dim, dtype=j
 # One JAX compilation cache per test session, empty at its start: the xdist workers, and the grader CLIs
 # that tests start, share the programs they compile (most of the default run is compiling the same small
 # programs). It lives in a fresh temporary folder that the session removes. Never a graded candidate's: its
-# worker's environment is an allow-list (grading.sandbox) that leaves these variables out.
+# worker's environment is an allow-list (sandbox.sandbox) that leaves these variables out.
 SESSION_CACHE = "KERNEL_RECORDS_TEST_JAX_CACHE"  # not TPU_: the worker allow-list passes those
 
 

@@ -1,4 +1,4 @@
-"""The bubblewrap sandbox (grading.isolation) holds: hostile candidates of every class (reading the
+"""The bubblewrap sandbox (sandbox.isolation) holds: hostile candidates of every class (reading the
 grader's environment or memory, signalling it and its other children, the network, writing outside
 the worker's /tmp, a fork bomb, filling /tmp) are contained, each with a failing scorecard that says
 what happened, and the reference graded after them in the same run scores as it does alone. Skipped,
@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tpu_kernel_records_tools.grading import isolation, tripwire
-from tpu_kernel_records_tools.grading.candidates import resolve
+from tpu_kernel_records_tools.sandbox import isolation, tripwire
+from tpu_kernel_records_tools.grading.candidates import is_builtin, resolve
 from tpu_kernel_records_tools.grading.rubric import grade
 
 HOSTILE = Path(__file__).parent / "hostile"
@@ -148,8 +148,8 @@ def test_nothing_is_written_outside_the_workers_tmp(run):
         assert not os.path.exists(path), path
     after = tripwire.snapshot([ROOT / "tpu_kernel_records_tools", Path(json.__file__).parent])
     assert tripwire.changes(run["pyc_before"], after) == []
-    pycache = ROOT / "tpu_kernel_records_tools" / "grading" / "__pycache__"
-    assert not list(pycache.glob("*escaped*")) and not (ROOT / "tpu_kernel_records_tools" / "grading" / "escaped.txt").exists()
+    pycache = ROOT / "tpu_kernel_records_tools" / "sandbox" / "__pycache__"
+    assert not list(pycache.glob("*escaped*")) and not (ROOT / "tpu_kernel_records_tools" / "sandbox" / "escaped.txt").exists()
 
 
 @needs_bwrap
@@ -182,7 +182,7 @@ def test_the_worker_limits_hold_and_cannot_be_raised(run):
     assert f"uid {isolation.SANDBOX_UID}" in detail, detail
     limits = dict(re.findall(r"'(RLIMIT_\w+)': \((-?\d+), (-?\d+)\)", detail) and
                   [(n, (int(a), int(b))) for n, a, b in re.findall(r"'(RLIMIT_\w+)': \((-?\d+), (-?\d+)\)", detail)])
-    # The address space is limited where no memory cgroup holds the worker (grading.memcg), else the cgroup is
+    # The address space is limited where no memory cgroup holds the worker (sandbox.memcg), else the cgroup is
     if run["cards"]["raises_limits"]["memory_limit"] == "address-space":
         assert limits["RLIMIT_AS"] == (4 << 30, 4 << 30)
     else:
@@ -197,12 +197,12 @@ def test_the_worker_limits_hold_and_cannot_be_raised(run):
 
 def test_auto_sends_strangers_to_bubblewrap_and_builtins_to_a_process(monkeypatch):
     monkeypatch.setattr(isolation, "unavailable_reason", lambda: "bwrap missing: install bubblewrap")
-    assert isolation.choose("auto", resolve("reference")) == "process"
-    assert isolation.choose("process", resolve(f"{HOSTILE / 'hangs.py'}:sleeps")) == "process"
+    assert isolation.choose("auto", is_builtin(resolve("reference"))) == "process"
+    assert isolation.choose("process", is_builtin(resolve(f"{HOSTILE / 'hangs.py'}:sleeps"))) == "process"
     with pytest.raises(isolation.IsolationUnavailable, match="install bubblewrap"):
-        isolation.choose("auto", resolve(f"{HOSTILE / 'hangs.py'}:sleeps"))
+        isolation.choose("auto", is_builtin(resolve(f"{HOSTILE / 'hangs.py'}:sleeps")))
     with pytest.raises(isolation.IsolationUnavailable):
-        isolation.choose("bubblewrap", resolve("reference"))
+        isolation.choose("bubblewrap", is_builtin(resolve("reference")))
 
 
 def test_the_cli_refuses_a_file_candidate_without_bubblewrap_in_one_line(tmp_path):

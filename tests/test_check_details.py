@@ -11,7 +11,7 @@ import pytest
 
 from tpu_kernel_records_tools.grading.dense import checks as C
 from tpu_kernel_records_tools.grading.candidates import BUILTIN
-from tpu_kernel_records_tools.grading.check_context import _why_hidden
+from tpu_kernel_records_tools.grading.dense.context import _why_hidden
 from tpu_kernel_records_tools.grading.dense.problems import Dims, draw_shapes, normal
 from tests.grading_inprocess import InProcessRunner
 

@@ -19,7 +19,7 @@ from tpu_kernel_records_tools.builder.publish import HUB_STATUS
 from tpu_kernel_records_tools.cli import main as commands
 from tpu_kernel_records_tools.contribute import review as R
 from tpu_kernel_records_tools.contribute.hub import client
-from tpu_kernel_records_tools.grading import isolation
+from tpu_kernel_records_tools.sandbox import isolation
 
 TOKEN = "hf_" + "StandInSubmitToken" * 2
 

@@ -22,7 +22,7 @@ from doc_blocks import PYTHON, REPO, Block, SCRIPTS, SHELL, blocks, inline_comma
 from tpu_kernel_records_tools.builder import fields
 from tpu_kernel_records_tools.cli import main as records_cli
 from tpu_kernel_records_tools.cli import rubric as rubric_cli
-from tpu_kernel_records_tools.grading import isolation
+from tpu_kernel_records_tools.sandbox import isolation
 from tpu_kernel_records_tools.records.columns import COLUMNS
 from tpu_kernel_records_tools.records.schema import CONFIG_NAMES, FEATURES
 

@@ -38,7 +38,7 @@ def test_the_status_is_the_one_main_gave(body, status, said):
 
 def test_workers_still_open_are_killed_before_the_process_ends():
     done = _ends("def main(argv):\n"
-                 "    from tpu_kernel_records_tools.grading.sandbox import Sandbox\n"
+                 "    from tpu_kernel_records_tools.sandbox.sandbox import Sandbox\n"
                  "    box = Sandbox(isolation='process', memory_limit_gb=0)\n"
                  "    box.start()\n"
                  "    print(box.proc.pid, flush=True)\n"
@@ -82,7 +82,7 @@ def test_ctrl_c_during_a_grade_exits_130_and_leaves_no_worker(tmp_path):
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     grader = psutil.Process(proc.pid)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not any("grading.worker" in " ".join(c.cmdline())
+    while time.monotonic() < deadline and not any("sandbox.worker" in " ".join(c.cmdline())
                                                    for c in grader.children(recursive=True)):
         time.sleep(0.2)
     time.sleep(5)  # the worker has loaded the candidate and sleeps in its first call

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from tpu_kernel_records_tools.grading.dense import checks as C
-from tpu_kernel_records_tools.grading import candidates, worker
+from tpu_kernel_records_tools.grading import candidates
+from tpu_kernel_records_tools.sandbox import worker
 from tpu_kernel_records_tools.grading.candidates import CPU_COMPILE_OPTIONS
 from tpu_kernel_records_tools.grading.dense.known_bad import _reference_fn, reference
 from tpu_kernel_records_tools.grading.dense.problems import _reference_vjp, normal

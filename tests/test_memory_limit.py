@@ -1,5 +1,5 @@
 """--memory-limit holds memory that an address-space limit misses: each worker's memory cgroup
-(grading.memcg). Cheap tests of the cgroup and of the fallback, then (slow) hostile candidates that hold
+(sandbox.memcg). Cheap tests of the cgroup and of the fallback, then (slow) hostile candidates that hold
 memory in memfds and tmpfs files past the limit: each is killed by its own cgroup, the grader, the
 reference graded after them, a second grading process and a bystander all finish."""
 
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_kernel_records_tools.grading import isolation, memcg, sandbox
+from tpu_kernel_records_tools.sandbox import isolation, memcg, sandbox
 
 ROOT = Path(__file__).parent.parent
 HOSTILE = Path(__file__).parent / "hostile"

@@ -55,7 +55,7 @@ REFUSES_RAGGED = re.compile(r"'(ReshapeTransform|RefReshaper)' object has no att
 
 def _grade(adapter: str, level: str, seed: int, features: tuple[str, ...], fails: dict[str, str]):
     """Grade ``adapter`` (paged); exactly the checks in ``fails`` fail, each with its pattern in its detail."""
-    card = grade(f"{ADAPTERS}:{adapter}", seed=seed, level=level, paged=True,
+    card = grade(f"{ADAPTERS}:{adapter}", seed=seed, level=level, contract="paged",
                  **({"time_limit_s": FULL_TIME_LIMIT_S} if level == "full" else {}))
     assert card.error is None, card.error
     assert card.contract == "paged" and card.features == features

@@ -10,7 +10,7 @@ import pytest
 from tpu_kernel_records_tools.records import rawio
 from tpu_kernel_records_tools.grading.candidates import BUILTIN
 from tpu_kernel_records_tools.cli.rubric import main
-from tpu_kernel_records_tools.grading import memcg, syscalls
+from tpu_kernel_records_tools.sandbox import memcg, syscalls
 
 
 def _valid(doc):

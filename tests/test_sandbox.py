@@ -17,7 +17,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tpu_kernel_records_tools.grading import sandbox
+from tpu_kernel_records_tools.sandbox import sandbox
 from tpu_kernel_records_tools.grading.rubric import grade, grade_all
 
 HOSTILE = Path(__file__).parent / "hostile"

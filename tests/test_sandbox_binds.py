@@ -1,6 +1,6 @@
 """What a stranger's code can read in the bubblewrap sandbox: only what the worker imports.
 
-Cheap tests of the binds ``grading.isolation.build`` asks bwrap for (no sandbox started), then one
+Cheap tests of the binds ``sandbox.isolation.build`` asks bwrap for (no sandbox started), then one
 ``python -m`` grader started from a folder that holds a token, with a home folder holding a Hub token
 and notes beside the candidate file: the hostile candidate reads nothing of them, and sees nothing of
 the checkout but the project's package folders."""
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tpu_kernel_records_tools.grading import isolation
+from tpu_kernel_records_tools.sandbox import isolation
 from tpu_kernel_records_tools.grading.candidates import CandidateSpecError, resolve
 
 ROOT = Path(__file__).parent.parent

@@ -19,9 +19,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tpu_kernel_records_tools.grading import candidate_files, isolation, memcg, sandbox, syscalls
+from tpu_kernel_records_tools.sandbox import candidate_files, isolation, memcg, sandbox, syscalls
 from tpu_kernel_records_tools.grading.candidates import CandidateSpecError, resolve
-from tpu_kernel_records_tools.grading.worker import ProtocolError
+from tpu_kernel_records_tools.sandbox.worker import ProtocolError
 
 ROOT = Path(__file__).parent.parent
 HOSTILE = Path(__file__).parent / "hostile"
@@ -314,7 +314,7 @@ def test_the_grader_keyring_is_out_of_reach_and_unchanged(tmp_path):
 def test_the_worker_joins_an_empty_session_keyring():
     if not _keyring_available():
         pytest.skip("no session keyrings here")
-    script = ("import ctypes; from tpu_kernel_records_tools.grading import syscalls\n"
+    script = ("import ctypes; from tpu_kernel_records_tools.sandbox import syscalls\n"
               "l = ctypes.CDLL(None, use_errno=True); l.syscall.restype = ctypes.c_long\n"
               "c = lambda *a: l.syscall(*[ctypes.c_long(x) if isinstance(x, int) else x for x in a])\n"
               "c(250, 1, ctypes.c_char_p(b's')); c(248, ctypes.c_char_p(b'user'), ctypes.c_char_p(b'k'), "
@@ -329,7 +329,7 @@ def test_the_worker_joins_an_empty_session_keyring():
 @x86_64_only
 def test_the_filter_refuses_what_it_lists_and_allows_a_kernels_work():
     script = ("import errno, os, socket, subprocess, threading\n"
-              "from tpu_kernel_records_tools.grading import syscalls\n"
+              "from tpu_kernel_records_tools.sandbox import syscalls\n"
               "assert syscalls.confine() == ('seccomp', None)\n"
               "for family in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK, socket.AF_PACKET):\n"
               "    try: socket.socket(family, socket.SOCK_DGRAM); print('escaped', family)\n"

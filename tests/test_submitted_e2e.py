@@ -8,7 +8,7 @@ import pytest
 
 from tpu_kernel_records_tools.bench.submitted import checked_samples
 from tpu_kernel_records_tools.builder import rules
-from tpu_kernel_records_tools.grading import isolation
+from tpu_kernel_records_tools.sandbox import isolation
 from tpu_kernel_records_tools.grading.export import ProgramRefused
 from tpu_kernel_records_tools.measure.run import run_submitted
 from tpu_kernel_records_tools.measure.submission import TIMED_SHAPES_CHECK

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tpu_kernel_records_tools.builder import rules
-from tpu_kernel_records_tools.grading import isolation
+from tpu_kernel_records_tools.sandbox import isolation
 from tpu_kernel_records_tools.grading.export import ProgramRefused
 from tpu_kernel_records_tools.measure.run import run_submitted
 from tpu_kernel_records_tools.records import rawio

@@ -11,8 +11,9 @@ import pytest
 
 import kernel_src
 import tpu_kernel_records_tools
-from tpu_kernel_records_tools import grading
-from tpu_kernel_records_tools.grading import rubric, tripwire
+from tpu_kernel_records_tools import sandbox
+from tpu_kernel_records_tools.grading import rubric
+from tpu_kernel_records_tools.sandbox import tripwire
 
 
 def test_snapshot_sees_a_file_changed_added_and_removed(tmp_path):
@@ -36,7 +37,7 @@ def test_the_watched_roots_are_the_graders_packages_and_the_libraries_its_worker
     assert Path(kernel_src.__file__).resolve().parent in roots
     assert Path(jax.__file__).resolve().parent in roots
     files = tripwire.snapshot()
-    assert str(Path(grading.__file__).resolve().parent / "worker.py") in files
+    assert str(Path(sandbox.__file__).resolve().parent / "worker.py") in files
 
 
 @pytest.fixture

@@ -51,10 +51,10 @@ def writes_everywhere(q, k, v, **kwargs):
     """Files in the project, site-packages and their __pycache__ folders, /tmp, /var/tmp, the home."""
     import numpy
 
-    import tpu_kernel_records_tools.grading as grading
+    import tpu_kernel_records_tools.sandbox as sandbox
 
-    targets = [os.path.join(os.path.dirname(grading.__file__), "__pycache__", "worker.cpython-311.pyc"),
-               os.path.join(os.path.dirname(grading.__file__), "escaped.txt"),
+    targets = [os.path.join(os.path.dirname(sandbox.__file__), "__pycache__", "worker.cpython-311.pyc"),
+               os.path.join(os.path.dirname(sandbox.__file__), "escaped.txt"),
                os.path.join(os.path.dirname(numpy.__file__), "__pycache__", "escaped.pyc"),
                os.path.join(os.path.dirname(os.path.dirname(numpy.__file__)), "escaped.pth"),
                "/tmp/escaped-by-candidate", "/var/tmp/escaped-by-candidate", "/dev/shm/escaped-by-candidate",

@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
+from ..grading import contracts
 from ..records.rawio import DOCUMENTS, RunError, dumps, scorecard_features, utc_time
 from ..records.secrets import env_var_allowed
 
@@ -162,8 +163,8 @@ def _check_features(where: str, card: dict[str, Any]) -> None:
     if declared != [f for f in names if f in declared]:
         raise RunError("scorecard", "correctness.json", f"{where}/features",
                        f"{declared!r} is not in the contract's order ({', '.join(names)})")
-    # a paged scorecard (contract "paged") grades feature f by the check paged-f (grading.paged.checks)
-    prefix = "paged-" if card.get("contract") == "paged" else ""
+    # a contract's scorecard grades feature f by the check prefix + f (paged: paged-f, grading.contracts)
+    prefix = contracts.get(card.get("contract")).check_prefix
     graded = set()
     for j, check in enumerate(card["checks"]):
         feature = check["name"][len(prefix):] if check["name"].startswith(prefix) else None

@@ -34,7 +34,8 @@ from typing import Any, Callable
 
 from ..bench import roofline, stats
 from ..bench.submitted import checked_samples, roofline_floor_ms
-from ..grading.export import program_path
+from ..grading import contracts
+from ..grading.programs import program_path
 from ..records.rawio import RunError
 
 from .recompute import check_measured
@@ -90,11 +91,11 @@ def _graded(run: dict[str, Any], programs: dict[str, dict[str, Any]]) -> set[str
             if not graded:
                 _fail("graded-programs", "correctness.json", f"scorecards/{i}/programs",
                       "the scorecard names no program it graded")
-            contract = run["correctness"]["submission"].get("contract", "attention")
-            if card.get("contract", "attention") != contract:
+            contract = run["correctness"]["submission"].get("contract", contracts.DEFAULT.name)
+            graded_on = card.get("contract", contracts.DEFAULT.name)
+            if graded_on != contract:  # (the schema names the contracts, a test keeps it to grading.contracts)
                 _fail("graded-contract", "correctness.json", f"scorecards/{i}/contract",
-                      f"graded on the {card.get('contract', 'attention')!r} contract, but the submission is "
-                      f"{contract!r}")
+                      f"graded on the {graded_on!r} contract, but the submission is {contract!r}")
             declared = run["correctness"]["submission"].get("features", [])
             if card.get("features", []) != declared:
                 _fail("graded-features", "correctness.json", f"scorecards/{i}/features",

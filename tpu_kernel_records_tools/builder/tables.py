@@ -145,7 +145,7 @@ def correctness_rows(acc: Accepted) -> list[dict[str, Any]]:
         candidate = {"row_kind": "check", "candidate": card["candidate"], "kind": card["kind"],
                      "measured": card["candidate"] == doc["measured_candidate"], "candidate_passed": card["passed"],
                      "score": card["score"], "max_score": card["max_score"], "candidate_error": card.get("error"),
-                     # where its worker ran (grading.isolation); null in runs graded before it was recorded
+                     # where its worker ran (sandbox.isolation); null in runs graded before it was recorded
                      "isolation": card.get("isolation"), "memory_limit": card.get("memory_limit"),
                      # declared features graded on top of the base contract ([]: base only); null in runs
                      # graded before features existed

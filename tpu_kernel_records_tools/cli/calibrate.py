@@ -21,7 +21,7 @@ from pathlib import Path
 
 from ..cli.rubric import EXIT_FAILED, EXIT_OK, EXIT_USAGE, isolation_allowed, write_atomic
 from ..grading.candidates import CandidateSpecError, resolve
-from ..grading.isolation import CHOICES
+from ..sandbox.isolation import CHOICES
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
 
 

@@ -21,8 +21,8 @@ EXIT_INTERRUPTED = 130  # the shell's status for a command ended by SIGINT
 
 def shut_down() -> None:
     """Kill every candidate worker this process started (``os._exit`` runs no ``atexit`` handler)."""
-    if "tpu_kernel_records_tools.grading.sandbox" in sys.modules:
-        sys.modules["tpu_kernel_records_tools.grading.sandbox"].close_all()
+    if "tpu_kernel_records_tools.sandbox.sandbox" in sys.modules:
+        sys.modules["tpu_kernel_records_tools.sandbox.sandbox"].close_all()
 
 
 def exit_with(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | None = None,

@@ -17,8 +17,9 @@ from typing import Sequence
 
 from ..cli import calibrate, contribute, plan, release, rubric
 from ..cli.exits import exit_with
+from ..grading import contracts
 from ..bench.cases import PROFILES, SCOPES
-from ..grading import candidate_files
+from ..sandbox import candidate_files
 from ..measure import supervise
 from ..records.schema import VERSION
 
@@ -77,9 +78,9 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
                    help=f"with --candidate: seconds the submitted program may take at one timed case (compile, "
                         f"warm-ups and samples); past it the measuring process is killed, the case refused in one "
                         f"line and no run written (default {supervise.DEFAULT_CASE_BUDGET_S:g})")
-    p.add_argument("--paged", action="store_true",
-                   help="with --candidate: the kernel follows the paged contract (paged_attention); graded by the "
-                        "paged rubric and timed at the profile's paged-decode cases beside the paged implementations")
+    contracts.add_flags(p, lambda c: f"with --candidate: the kernel follows the {c.name} contract ({c.function}); "
+                                     f"graded by the {c.name} rubric and timed at the profile's cases of that contract "
+                                     f"beside its implementations")
     p.add_argument("--name", help="the submitted kernel's name in the records (a-z, 0-9, '.', '_', '-')")
     p.add_argument("--level", choices=("full", "quick"), default="full",
                    help="the rubric level a submitted kernel is graded at (default full)")
@@ -92,10 +93,12 @@ def add_measure_parser(subparsers: "argparse._SubParsersAction") -> None:
 def _measure(args: argparse.Namespace) -> int:
     from ..measure.run import RUNS_DIR, run_measure, run_submitted
 
-    if args.candidate is not None or args.name is not None or args.paged:
+    contract = contracts.get(contracts.flagged(args))
+    if args.candidate is not None or args.name is not None or contract.flag:
         if not (args.candidate and args.name):
-            raise ValueError("--candidate and --name go together" + (" (and --paged with them)" if args.paged else ""))
-        from ..grading import memcg, syscalls
+            raise ValueError("--candidate and --name go together" +
+                             (f" (and {contract.flag} with them)" if contract.flag else ""))
+        from ..sandbox import memcg, syscalls
         from ..grading.export import ProgramRefused
         candidate_files.apply_arguments(args)
         if os.environ.get(supervise.STATUS_FD) is None:  # the measuring runs in a child this process watches
@@ -113,7 +116,7 @@ def _measure(args: argparse.Namespace) -> int:
                                 samples=args.samples, seed=args.seed, level=args.level, isolation=args.isolation,
                                 progress=not args.quiet, candidate_dir=args.candidate_dir,
                                 case_budget_s=args.case_timeout,
-                                contract="paged" if args.paged else "attention")
+                                contract=contract.name)
         except ProgramRefused as error:
             print(f"tpu-kernel-records measure: refused: {error}", file=sys.stderr)
             return 1

@@ -1,10 +1,10 @@
 """``tpu-kernel-rubric``: grade attention candidates, list the built-ins, or measure the grader's power.
 
-Every candidate runs in its own worker process (``grading.sandbox``): allow-listed environment (no
+Every candidate runs in its own worker process (``sandbox.sandbox``): allow-listed environment (no
 tokens or credentials), its own empty temporary folder as working directory and home, closed stdin,
 a wall-clock limit (``--timeout``) and an address-space limit (``--memory-limit``); the worker and
 every process it started are killed before the next candidate is graded. A file or module candidate's
-worker runs under bubblewrap (``grading.isolation``); where bubblewrap cannot run, grading one is
+worker runs under bubblewrap (``sandbox.isolation``); where bubblewrap cannot run, grading one is
 refused (exit status 2) unless ``--isolation process`` is given. Each scorecard names its isolation.
 
 Exit status: 0 when every named candidate passed every check (``--power``: no correct candidate
@@ -26,12 +26,13 @@ from pathlib import Path
 from typing import Sequence
 
 from ..cli.exits import exit_with
-from ..grading.candidates import BUILTIN, PAGED_BUILTIN, CandidateSpecError, is_builtin, resolve
-from ..grading import candidate_files, memcg, syscalls
-from ..grading.isolation import CHOICES, IsolationUnavailable, choose
+from ..grading import contracts
+from ..grading.candidates import CandidateSpecError, builtins, is_builtin, resolve
+from ..sandbox import candidate_files, memcg, syscalls
+from ..sandbox.isolation import CHOICES, IsolationUnavailable, choose
 from ..grading.runner import DEFAULT_TIME_LIMIT_S
-from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
-from kernel_src.contract import PAGED_FEATURES, canonical_features
+from ..sandbox.sandbox import DEFAULT_MEMORY_LIMIT_GB
+from kernel_src.contract import canonical_features
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -59,10 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true",
                    help="grade at the quick level (small fixed shapes, for fast tests) instead of the full "
                         "problem distribution")
-    p.add_argument("--paged", action="store_true",
-                   help="grade against the paged contract (kernel_src.contract: paged_attention(q, k_pages, "
-                        "v_pages, *, kv_lengths, page_indices, ...)) with the paged checks instead of the dense "
-                        "one; the paged built-ins (paged-*) are always graded so")
+    contracts.add_flags(p)
     p.add_argument("--features", type=_features, metavar="LIST",
                    help="which of each candidate's declared features to grade on top of the base contract: a "
                         "comma-separated list of window, softcap, segments, sinks, or 'none' for the base "
@@ -134,7 +132,7 @@ def _non_negative(text: str) -> float:
 
 def _write_json(path: Path, doc: dict) -> None:
     """Write ``doc`` atomically once no candidate process is alive; print the file's sha256."""
-    from ..grading.sandbox import close_all
+    from ..sandbox.sandbox import close_all
 
     close_all()
     text = json.dumps(doc, indent=2, allow_nan=False) + "\n"
@@ -175,7 +173,7 @@ def format_scorecard(card) -> str:
 
 
 def _list() -> int:
-    everything = {**BUILTIN, **PAGED_BUILTIN}
+    everything = builtins()
     width = max(len(n) for n in everything)
     for name, cand in everything.items():
         print(f"{name:<{width}}  {cand.kind:<15}  {cand.summary}")
@@ -185,9 +183,9 @@ def _list() -> int:
 def isolation_allowed(isolation: str, cands, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB) -> bool:
     """Whether ``cands`` may be graded under ``isolation`` here: False after one line on stderr saying why
     and how to install bubblewrap; a stranger's code graded as a plain process gets a warning, and so
-    does a stranger's code whose memory no cgroup can hold here (``grading.memcg``)."""
+    does a stranger's code whose memory no cgroup can hold here (``sandbox.memcg``)."""
     try:
-        where = {c.name: choose(isolation, c) for c in cands}
+        where = {c.name: choose(isolation, is_builtin(c)) for c in cands}
     except IsolationUnavailable as e:
         print(f"tpu-kernel-rubric: refusing to grade a file or module candidate outside the sandbox: {e}",
               file=sys.stderr)
@@ -285,17 +283,22 @@ def _grade(args) -> int:
 
     from ..grading.rubric import grade_all
 
-    paged = getattr(args, "paged", False)
-    if (paged or any(c.contract == "paged" for c in cands)) and set(args.features or ()) - set(PAGED_FEATURES):
-        print(f"tpu-kernel-rubric: --features {','.join(args.features)}: paged_attention's features are "
-              f"{', '.join(PAGED_FEATURES)}", file=sys.stderr)
+    try:
+        asked = contracts.flagged(args)
+    except ValueError as e:
+        print(f"tpu-kernel-rubric: {e}", file=sys.stderr)
         return EXIT_USAGE
+    for contract in dict.fromkeys(contracts.of(c, asked) for c in cands):
+        if set(args.features or ()) - set(contract.features):
+            print(f"tpu-kernel-rubric: --features {','.join(args.features)}: {contract.function}'s features are "
+                  f"{', '.join(contract.features)}", file=sys.stderr)
+            return EXIT_USAGE
     if not isolation_allowed(args.isolation, cands, args.memory_limit):
         return EXIT_USAGE
     level = "quick" if args.quick else "full"
     cards = grade_all(cands, seed=args.seed, level=level, progress=not args.quiet, time_limit_s=args.time_limit,
                       memory_limit_gb=args.memory_limit, isolation=args.isolation, features=args.features,
-                      paged=paged)
+                      contract=asked)
     for card in cards:
         print(format_scorecard(card))
         print()
@@ -308,7 +311,8 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     """Add ``grade`` and ``power`` to ``tpu-kernel-records`` (the same options as ``tpu-kernel-rubric``)."""
     full = _parser()
     grade_opts = {"--candidate", "--candidate-dir", "--candidate-max-mib", "--candidate-max-files", "--seed", "--quick",
-                  "--paged", "--features", "--timeout", "--memory-limit", "--isolation", "--json", "--list", "--quiet"}
+                  *(c.flag for c in contracts.CONTRACTS.values() if c.flag), "--features", "--timeout",
+                  "--memory-limit", "--isolation", "--json", "--list", "--quiet"}
     power_opts = {"--candidate", "--quick", "--seeds", "--first-seed", "--kernel-seeds", "--timeout", "--json",
                   "--markdown", "--quiet", "--workers", "--scheduler", "--trials", "--resume", "--isolation"}
     for name, opts, func, help_text in (

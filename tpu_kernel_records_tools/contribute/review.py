@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..builder.build import BuildError, check_run
-from ..grading.export import ProgramRefused
+from ..grading.programs import ProgramRefused
 from ..measure.timed_checks import draw_entropy
 
 from .hub import SUBMISSIONS, Changes, call, pr_changes

@@ -10,17 +10,10 @@ from typing import Callable
 
 import jax
 
+from ..sandbox.errors import CandidateLoadError, CandidateSpecError  # noqa: F401  (re-exported)
+
 Attention = Callable[..., jax.Array]
 KINDS = ("reference", "kernel", "correct-variant", "known-bad", "external")
-CONTRACTS = ("attention", "paged")  # kernel_src.contract's attention and paged_attention
-
-
-class CandidateSpecError(ValueError):
-    """A ``--candidate`` spec that names no built-in and is not ``file.py:function`` / ``module:function``."""
-
-
-class CandidateLoadError(RuntimeError):
-    """A candidate whose code could not be imported or whose function is missing or not callable."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +26,7 @@ class Candidate:
     loader: Callable[[], Attention] = field(repr=False)
     catches: tuple[str, ...] = ()
     root: str | None = None  # a folder the user named for a kernel of several files: bound, first on sys.path
-    contract: str = "attention"  # CONTRACTS: which contract it follows and which checks grade it
+    contract: str = "attention"  # which contract it follows and which checks grade it (grading.contracts)
 
     def load(self) -> Attention:
         """Import and return the callable; raises :class:`CandidateLoadError` with the reason."""

@@ -7,32 +7,32 @@ in :meth:`Candidate.load` and the rubric turns that into a scorecard with the lo
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib
 import importlib.util
 import os
+import pickle
 import sys
 from pathlib import Path
 from typing import Callable
 
-from ..grading import candidate_files
-from ..grading.candidate import (CONTRACTS, KINDS, Attention, Candidate, CandidateLoadError,  # noqa: F401
-                                 CandidateSpecError)
-from ..grading.cpu_jit import CPU_COMPILE_OPTIONS, cpu_compile_options, jit_cpu  # noqa: F401  (re-exported)
+from ..sandbox import candidate_files
+from ..grading.candidate import KINDS, Attention, Candidate, CandidateLoadError, CandidateSpecError  # noqa: F401
+from ..sandbox.cpu_jit import CPU_COMPILE_OPTIONS, cpu_compile_options, jit_cpu  # noqa: F401  (re-exported)
+from ..grading.contracts import CONTRACTS
 from ..grading.dense.known_bad import BUILTIN, jit_contract, reference  # noqa: F401  (re-exported)
-from ..grading.paged.known_bad import PAGED_ENTRIES
+from ..grading.paged.known_bad import PAGED_BUILTIN  # noqa: F401  (re-exported)
 
 
-# The paged built-ins (``grading.paged_candidates``), kept apart from BUILTIN: every consumer of BUILTIN grades the
-# attention contract. ``resolve`` finds both; ``is_builtin`` tells either from a stranger's code.
-PAGED_BUILTIN: dict[str, Candidate] = {e.name: Candidate(e.name, e.kind, e.doc, e.loader, e.catches, contract="paged")
-                                       for e in PAGED_ENTRIES}
+def builtins() -> dict[str, Candidate]:
+    """Every contract's built-ins by name (``grading.contracts.CONTRACTS``, in its order)."""
+    return {name: c for contract in CONTRACTS.values() for name, c in contract.builtins.items()}
 
 
 def is_builtin(candidate) -> bool:
-    """Whether ``candidate`` is one of the project's own built-ins (``BUILTIN`` or ``PAGED_BUILTIN``)."""
-    name = getattr(candidate, "name", None)
-    return BUILTIN.get(name) is candidate or PAGED_BUILTIN.get(name) is candidate
+    """Whether ``candidate`` is one of the project's own built-ins (of any contract)."""
+    return builtins().get(getattr(candidate, "name", None)) is candidate
 
 
 def names_a_file(target: str) -> bool:
@@ -66,7 +66,7 @@ def _load_external(spec: str, target: str, function: str) -> Callable[[], Attent
 
 
 def _refuse_links(check: Callable[[], None]) -> None:
-    """``check()`` (a ``grading.candidate_files`` check), its refusal as a :class:`CandidateSpecError`."""
+    """``check()`` (a ``sandbox.candidate_files`` check), its refusal as a :class:`CandidateSpecError`."""
     try:
         check()
     except candidate_files.LinkRefused as e:
@@ -74,7 +74,7 @@ def _refuse_links(check: Callable[[], None]) -> None:
 
 
 def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Candidate:
-    """A built-in name (``BUILTIN`` or ``PAGED_BUILTIN``), ``path/to/file.py:function`` or
+    """A built-in name (of any contract: :func:`builtins`), ``path/to/file.py:function`` or
     ``package.module:function`` as a Candidate.
 
     ``root``: the folder of a kernel that spans several files (its modules import each other from it); a
@@ -85,13 +85,12 @@ def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Can
     if isinstance(spec, Candidate):
         return spec
     spec = str(spec).strip()
-    if spec in BUILTIN:
-        return BUILTIN[spec]
-    if spec in PAGED_BUILTIN:
-        return PAGED_BUILTIN[spec]
+    every = builtins()
+    if spec in every:
+        return every[spec]
     if ":" not in spec:
         raise CandidateSpecError(
-            f"unknown candidate {spec!r}: use a built-in ({', '.join([*BUILTIN, *PAGED_BUILTIN])}), "
+            f"unknown candidate {spec!r}: use a built-in ({', '.join(every)}), "
             f"path/to/file.py:function or package.module:function")
     target, _, function = spec.rpartition(":")
     if not target or not function.isidentifier():
@@ -112,3 +111,32 @@ def resolve(spec: str | Candidate, root: str | os.PathLike | None = None) -> Can
         _refuse_links(lambda: candidate_files.check_file(os.path.expanduser(target), target))
     return Candidate(spec, "external", f"External candidate {spec}.", _load_external(spec, target, function),
                      root=root)
+
+
+def load_request(candidate) -> dict:
+    """The worker's ``load`` header for a candidate: its spec when it has one (built-in name,
+    ``/abs/file.py:function``, ``module:function``), else its function pickled by reference (a
+    programmatic ``Candidate``; its loader runs here, in the caller's process, which trusts it)."""
+    if isinstance(candidate, str):
+        candidate = resolve(candidate)
+    assert isinstance(candidate, Candidate)
+    if is_builtin(candidate):
+        return {"op": "load", "spec": candidate.name}
+    if candidate.kind == "external":
+        try:
+            spec_form = resolve(candidate.name)
+        except CandidateSpecError:
+            spec_form = None
+        if spec_form is not None and spec_form.doc == candidate.doc:
+            target, _, function = candidate.name.rpartition(":")
+            if names_a_file(target):
+                target = str(os.path.abspath(os.path.expanduser(target)))
+                if not os.path.isfile(target):
+                    raise CandidateLoadError(f"candidate file {candidate.name.rpartition(':')[0]} does not exist")
+            return {"op": "load", "spec": f"{target}:{function}"}
+    fn = candidate.load()
+    try:
+        return {"op": "load", "pickled": base64.b64encode(pickle.dumps(fn)).decode()}
+    except Exception as e:
+        raise CandidateLoadError(f"cannot hand {candidate.name!r} to a worker process ({type(e).__name__}: {e}); "
+                                 f"give it as path/to/file.py:function") from None

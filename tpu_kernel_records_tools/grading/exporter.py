@@ -1,4 +1,4 @@
-"""The measuring process's side of a submitted kernel's export: one sandboxed worker (``grading.sandbox``
+"""The measuring process's side of a submitted kernel's export: one sandboxed worker (``sandbox.sandbox``
 through ``grading.runner``) loads the candidate and answers the ``export`` op with ``grading.export``'s
 programs; its failures, hangs and exits become one-line ``ProgramRefused`` errors."""
 
@@ -15,7 +15,7 @@ def export_candidate(spec: str, signatures: Iterable[Signature], *, platform: st
                      time_limit_s: float = EXPORT_LIMIT_S, root: str | None = None) -> dict[str, bytes]:
     """Export ``spec`` (``file.py:fn`` or ``module:fn``; ``root``: the folder of a kernel of several
     files) at every signature in a sandboxed worker, under the default memory limit (its cgroup where
-    one can be had, ``grading.memcg``); returns signature key -> serialized program. Raises
+    one can be had, ``sandbox.memcg``); returns signature key -> serialized program. Raises
     :class:`ProgramRefused` with one line."""
     sigs = list(signatures)
     return export_declared(spec, lambda _features: sigs, platform=platform, isolation=isolation,
@@ -28,11 +28,11 @@ def export_declared(spec: str, signatures_for: Callable[[tuple[str, ...]], Itera
     """``export_candidate`` at the signatures ``signatures_for(features)`` gives for the features the
     loaded candidate declares (``kernel_src.contract.declared_features``, read in its worker); returns
     ``(features, programs by signature key)``."""
-    from ..grading import isolation as isolations
-    from ..grading.candidates import BUILTIN, CandidateSpecError, resolve
+    from ..sandbox import isolation as isolations
+    from ..grading.candidates import BUILTIN, CandidateSpecError, is_builtin, resolve
     from ..grading.runner import Runner
-    from ..grading.sandbox import Expired, WorkerGone
-    from ..grading.worker import ProtocolError
+    from ..sandbox.sandbox import Expired, WorkerGone
+    from ..sandbox.worker import ProtocolError
 
     try:
         cand = resolve(spec, root=root)
@@ -41,7 +41,7 @@ def export_declared(spec: str, signatures_for: Callable[[tuple[str, ...]], Itera
     if cand.name in BUILTIN:
         raise ProgramRefused(f"{spec!r} is a built-in candidate; submit a file.py:function or module:function")
     try:
-        where = isolations.choose(isolation, cand)
+        where = isolations.choose(isolation, is_builtin(cand))
     except isolations.IsolationUnavailable as e:
         raise ProgramRefused(str(e)) from None
     runner = Runner(cand, time_limit_s=time_limit_s, isolation=where)

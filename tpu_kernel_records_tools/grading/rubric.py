@@ -2,10 +2,11 @@
 
 ``grade("pallas")`` runs every check in ``grading.dense.checks.CHECKS``, then the check of each feature the
 candidate declares (``grading.dense.feature_checks``, ``kernel_src.contract.declared_features``), then
-``finite``; ``grade("paged-reference")`` (or any candidate with ``paged=True``) runs the paged checks
-(``grading.paged.checks.PAGED_CHECKS``, then its declared paged features', then ``finite``), on fresh
+``finite``; ``grade("paged-reference")`` (or any candidate with ``contract="paged"``) runs the paged checks
+(``grading.paged.checks.PAGED_CHECKS``, then its declared paged features', then ``finite``): each
+contract's checks as ``grading.contracts`` declares them, on fresh
 inputs drawn from ``seed`` and returns a :class:`Scorecard`. The candidate runs in its own worker process
-(``grading.runner``, ``grading.sandbox``): it sees only the problem inputs, never the truth, the
+(``grading.runner``, ``sandbox.sandbox``): it sees only the problem inputs, never the truth, the
 reference's baseline or the grader's state, and every process it starts is killed before the next
 candidate is graded. Nothing a candidate does escapes as a traceback or changes another candidate's
 scorecard: a load error, an exception, any exit status, a signal, a hang past ``time_limit_s``
@@ -22,15 +23,18 @@ from typing import Sequence
 
 from tqdm.auto import tqdm
 
-from ..grading.dense import checks as C
-from ..grading.dense.feature_checks import FEATURE_CHECKS
-from ..grading.paged.checks import PAGED_CHECKS, paged_checks_for
-from ..grading import isolation as isolations
-from ..grading import tripwire
-from ..grading.candidates import Candidate, resolve
+from ..grading import contracts
+from ..grading.calls import CandidateFailure
+from ..grading.check_context import FINITE, CheckSpec, Outcome
+from ..grading.contracts import Contract
+from ..grading.dense.context import Context
+from ..grading.dense.feature_checks import checks_for  # noqa: F401  (re-exported: the dense contract's)
+from ..sandbox import isolation as isolations
+from ..sandbox import tripwire
+from ..grading.candidates import Candidate, is_builtin, resolve
 from ..grading.runner import DEFAULT_TIME_LIMIT_S, Runner
-from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB
-from kernel_src.contract import PAGED_FEATURES, canonical_features
+from ..sandbox.sandbox import DEFAULT_MEMORY_LIMIT_GB
+from kernel_src.contract import canonical_features
 
 
 @dataclass
@@ -74,12 +78,12 @@ class Scorecard:
     seed: int = 0
     level: str = "full"  # which problem set graded it: "full" or "quick" (grading.dense.problems)
     verdicts: dict = field(default_factory=dict, repr=False)  # check name -> tolerance verdicts (for power)
-    tampered: bool = False  # the candidate changed files the grader runs (grading.tripwire): stop grading
-    isolation: str = "process"  # where its worker ran: "bubblewrap" or "process" (grading.isolation)
-    memory_limit: str | None = None  # what bounded its worker's memory: grading.memcg.KINDS; None: no worker ran
-    syscall_filter: str | None = None  # what filtered its worker's system calls: grading.syscalls.KINDS
+    tampered: bool = False  # the candidate changed files the grader runs (sandbox.tripwire): stop grading
+    isolation: str = "process"  # where its worker ran: "bubblewrap" or "process" (sandbox.isolation)
+    memory_limit: str | None = None  # what bounded its worker's memory: sandbox.memcg.KINDS; None: no worker ran
+    syscall_filter: str | None = None  # what filtered its worker's system calls: sandbox.syscalls.KINDS
     features: tuple[str, ...] = ()  # the declared features graded on top of the base contract (contract.FEATURES)
-    contract: str = "attention"  # the contract graded: "attention" or "paged" (grading.paged.checks)
+    contract: str = contracts.DEFAULT.name  # the contract graded (grading.contracts.CONTRACTS)
 
     @property
     def passed(self) -> bool:
@@ -104,18 +108,17 @@ class Scorecard:
                 "isolation": self.isolation, **({"memory_limit": self.memory_limit} if self.memory_limit else {}),
                 **({"syscall_filter": self.syscall_filter} if self.syscall_filter else {}),
                 "features": list(self.features),
-                **({"contract": self.contract} if self.contract != "attention" else {}),
+                **({"contract": self.contract} if self.contract != contracts.DEFAULT.name else {}),
                 "checks": [c.to_dict() for c in self.checks]}
 
 
-def _all_failed(reason: str, paged: bool = False) -> list[CheckResult]:
-    return [CheckResult(spec.name, False, 0.0, float(spec.points), reason)
-            for spec in (*(PAGED_CHECKS if paged else C.CHECKS), C.FINITE)]
+def _all_failed(reason: str, contract: Contract) -> list[CheckResult]:
+    return [CheckResult(spec.name, False, 0.0, float(spec.points), reason) for spec in (*contract.checks, FINITE)]
 
 
 def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
           time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB,
-          isolation: str = "auto", features: Sequence[str] | None = None, paged: bool = False,
+          isolation: str = "auto", features: Sequence[str] | None = None, contract: str | None = None,
           slots_from: int | None = None) -> Scorecard:
     """Run the full rubric on ``candidate`` (a built-in name, ``file.py:fn``, ``module:fn`` or a Candidate)
     in a worker process of its own, killed (with everything it started) before this returns.
@@ -124,24 +127,25 @@ def grade(candidate: str | Candidate, *, seed: int = 0, level: str = "full",
     for fast tests). ``time_limit_s``: seconds of waiting on the candidate per scorecard, all calls together (loading
     included, the worker's interpreter and JAX start not); once it runs out, the worker is killed and
     the remaining checks fail as "not run". ``memory_limit_gb``: the worker's memory limit in GiB (its
-    memory cgroup's, else its address space's: ``grading.memcg``; 0: none). ``isolation``: "auto"
-    (bubblewrap for anything but a built-in), "bubblewrap" or "process" (``grading.isolation``). ``features``:
+    memory cgroup's, else its address space's: ``sandbox.memcg``; 0: none). ``isolation``: "auto"
+    (bubblewrap for anything but a built-in), "bubblewrap" or "process" (``sandbox.isolation``). ``features``:
     which of the candidate's declared features to grade (None: all it declares; ``()``: the base contract
-    only; naming one it does not declare makes the scorecard's error). ``paged``: grade it against the paged
-    contract (``grading.paged.checks``; a paged built-in always is). ``slots_from``: the seed the problems'
-    shapes and flags are drawn from, their values still from ``seed`` (``grading.dense.checks.Context``; None:
+    only; naming one it does not declare makes the scorecard's error). ``contract``: the contract to grade it
+    against (``grading.contracts``: "paged" for the paged checks; None: the default, "attention"); a built-in
+    of another contract is always graded on its own. ``slots_from``: the seed the problems'
+    shapes and flags are drawn from, their values still from ``seed`` (``grading.dense.context.Context``; None:
     ``seed``): a regrade of stored programs on new values at the shapes they were exported for. Raises
     ``CandidateSpecError`` for a malformed spec and ``IsolationUnavailable`` when bubblewrap is needed and
     cannot run here.
     """
     return grade_seeds(candidate, [seed], level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb,
-                       isolation=isolation, features=features, paged=paged, slots_from=slots_from)[0]
+                       isolation=isolation, features=features, contract=contract, slots_from=slots_from)[0]
 
 
 def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str = "full",
                 time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                 memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "auto",
-                features: Sequence[str] | None = None, paged: bool = False,
+                features: Sequence[str] | None = None, contract: str | None = None,
                 slots_from: int | None = None) -> list[Scorecard]:
     """``grade`` on each of ``seeds`` with one worker (JAX starts, and compiles, once for them all).
 
@@ -150,30 +154,29 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     this returns.
     """
     cand = resolve(candidate)
-    paged = paged or cand.contract == "paged"
+    graded_on = contracts.of(cand, contract)
     features = None if features is None else canonical_features(features)  # ValueError: not a feature
-    if paged and features is not None and set(features) - set(PAGED_FEATURES):
-        raise ValueError(f"feature(s) {', '.join(sorted(set(features) - set(PAGED_FEATURES)))} do not apply to "
-                         f"paged_attention (its features: {', '.join(PAGED_FEATURES)})")
-    where = isolations.choose(isolation, cand)
+    if features is not None and set(features) - set(graded_on.features):
+        raise ValueError(f"feature(s) {', '.join(sorted(set(features) - set(graded_on.features)))} do not apply "
+                         f"to {graded_on.function} (its features: {', '.join(graded_on.features)})")
+    where = isolations.choose(isolation, is_builtin(cand))
     before = tripwire.snapshot()
     runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb, isolation=where)
     cards = []
     try:
         for seed in seeds:
             runner.new_scorecard()
-            if not paged and slots_from is None:  # the seed's problems are built while the worker starts
-                C.plan_ahead(seed, level)
+            if graded_on.plan_checks and slots_from is None:  # the seed's problems are built while the worker starts
+                graded_on.plan_checks(seed, level, ())
             error = None if runner.alive else runner.start()
             if error is None:
-                declared = [f for f in runner.features if f in PAGED_FEATURES] if paged else runner.features
+                declared = [f for f in runner.features if f in graded_on.features]
                 graded, error = _graded_features(declared, features)
             if error is not None:
-                cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}", paged), error=error,
-                                       seed=seed, level=level, isolation=where,
-                                       contract="paged" if paged else "attention"))
+                cards.append(Scorecard(cand.name, cand.kind, _all_failed(f"not run: {error}", graded_on),
+                                       error=error, seed=seed, level=level, isolation=where, contract=graded_on.name))
             else:
-                cards.append(_run_checks(runner, cand, seed, level, graded, paged, slots_from))
+                cards.append(_run_checks(runner, cand, seed, level, graded, graded_on, slots_from))
                 cards[-1].isolation = where
             cards[-1].memory_limit = runner.memory_limit
             cards[-1].syscall_filter = runner.syscall_filter
@@ -188,16 +191,11 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
     return cards
 
 
-def _not_graded(candidate: str | Candidate, why: str, seed: int, level: str, paged: bool = False) -> Scorecard:
+def _not_graded(candidate: str | Candidate, why: str, seed: int, level: str, contract: str | None = None) -> Scorecard:
     cand = resolve(candidate)
-    paged = paged or cand.contract == "paged"
-    return Scorecard(cand.name, cand.kind, _all_failed(f"not run: {why}", paged), error=why, seed=seed, level=level,
-                     contract="paged" if paged else "attention")
-
-
-def checks_for(features: Sequence[str] = ()) -> tuple[C.CheckSpec, ...]:
-    """The checks a candidate declaring ``features`` gets: every base check, then each feature's own."""
-    return (*C.CHECKS, *(FEATURE_CHECKS[f] for f in features))
+    graded_on = contracts.of(cand, contract)
+    return Scorecard(cand.name, cand.kind, _all_failed(f"not run: {why}", graded_on), error=why, seed=seed,
+                     level=level, contract=graded_on.name)
 
 
 def _graded_features(declared: Sequence[str], asked: Sequence[str] | None) -> tuple[tuple[str, ...], str | None]:
@@ -214,36 +212,36 @@ def _graded_features(declared: Sequence[str], asked: Sequence[str] | None) -> tu
 
 
 def _run_checks(runner: Runner, cand: Candidate, seed: int, level: str, features: tuple[str, ...],
-                paged: bool = False, slots_from: int | None = None) -> Scorecard:
-    ctx = C.Context(runner, seed, level=level, slots_from=slots_from)
+                contract: Contract, slots_from: int | None = None) -> Scorecard:
+    ctx = Context(runner, seed, level=level, slots_from=slots_from)
     results, verdicts = [], {}
-    if features and not paged and slots_from is None:  # their problems are built while the base checks run
-        C.plan_ahead(seed, level, [FEATURE_CHECKS[f] for f in features])
-    for spec in paged_checks_for(features) if paged else checks_for(features):
+    if features and contract.plan_checks and slots_from is None:  # built while the base checks run
+        contract.plan_checks(seed, level, features)
+    for spec in contract.checks_for(features):
         result, verdicts[spec.name] = run_check(spec, ctx)
         results.append(result)
     results.append(_finite(runner))
     return Scorecard(cand.name, cand.kind, results, seed=seed, level=level, verdicts=verdicts, features=features,
-                     contract="paged" if paged else "attention")
+                     contract=contract.name)
 
 
-def run_check(spec: C.CheckSpec, ctx: C.Context) -> tuple[CheckResult, list]:
+def run_check(spec: CheckSpec, ctx: Context) -> tuple[CheckResult, list]:
     """One check on ``ctx``'s runner: its result (full points or none) and its verdicts. A candidate's
     failure, or an output the check cannot even compare, fails the check; never a traceback."""
     ctx.runner.check = spec.name
     try:
         outcome = spec.run(ctx)
-    except C.CandidateFailure as e:
-        outcome = C.Outcome(False, str(e))
+    except CandidateFailure as e:
+        outcome = Outcome(False, str(e))
     except Exception as e:  # noqa: BLE001
-        outcome = C.Outcome(False, f"could not evaluate the candidate's results: {type(e).__name__}: {e}")
+        outcome = Outcome(False, f"could not evaluate the candidate's results: {type(e).__name__}: {e}")
     result = CheckResult(spec.name, outcome.passed, float(spec.points) if outcome.passed else 0.0,
                          float(spec.points), outcome.detail, outcome.error, outcome.tolerance, outcome.baseline_error)
     return result, outcome.verdicts
 
 
-def _finite(runner: C.Runner) -> CheckResult:
-    points = float(C.FINITE.points)
+def _finite(runner: Runner) -> CheckResult:
+    points = float(FINITE.points)
     if runner.nonfinite:
         more = f" (and {len(runner.nonfinite) - 1} more arrays)" if len(runner.nonfinite) > 1 else ""
         return CheckResult("finite", False, 0.0, points, f"non-finite value: {runner.nonfinite[0]}{more}")
@@ -257,22 +255,22 @@ def _finite(runner: C.Runner) -> CheckResult:
 def grade_all(candidates: Sequence[str | Candidate], *, seed: int = 0, level: str = "full", progress: bool = True,
               time_limit_s: float = DEFAULT_TIME_LIMIT_S, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB,
               isolation: str = "auto", features: Sequence[str] | None = None,
-              paged: bool = False) -> list[Scorecard]:
+              contract: str | None = None) -> list[Scorecard]:
     """``grade`` each candidate in turn, each in its own worker (tqdm progress bar when ``progress``);
-    ``features`` and ``paged`` as in ``grade``.
+    ``features`` and ``contract`` as in ``grade``.
 
     When this returns, no process any candidate started is alive. A candidate that changed files the
-    grader runs (``grading.tripwire``) fails, and every candidate after it gets a "not graded" scorecard."""
+    grader runs (``sandbox.tripwire``) fails, and every candidate after it gets a "not graded" scorecard."""
     bar = tqdm(list(candidates), desc="rubric", unit="candidate", disable=not progress)
     cards, tampered_by = [], None
     for cand in bar:
         name = cand.name if isinstance(cand, Candidate) else str(cand)
         bar.set_postfix_str(name)
         if tampered_by is not None:
-            cards.append(_not_graded(cand, f"not graded: {tampered_by}", seed, level, paged))
+            cards.append(_not_graded(cand, f"not graded: {tampered_by}", seed, level, contract))
             continue
         cards.append(grade(cand, seed=seed, level=level, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb,
-                           isolation=isolation, features=features, paged=paged))
+                           isolation=isolation, features=features, contract=contract))
         if cards[-1].tampered:
             tampered_by = f"an earlier candidate ({cards[-1].candidate}) changed files the grader runs"
     return cards

@@ -2,7 +2,7 @@
 
 ``Runner.forward(problem)`` and ``Runner.vjp(problem)`` (``Runner.paged_forward(problem)`` for a paged
 candidate) are all the checks know of a candidate. The
-candidate runs in a ``grading.sandbox.Sandbox`` (one worker process per candidate, started once and
+candidate runs in a ``sandbox.sandbox.Sandbox`` (one worker process per candidate, started once and
 reused across its calls): the runner sends copies of the problem's inputs (q, k, v [batch, len, heads,
 head_dim], the cotangent, causal, kv_lengths [batch], scale) and gets arrays back. The grader keeps
 its own inputs, truth and baseline; the candidate never sees them.
@@ -20,23 +20,18 @@ import time
 
 import numpy as np
 
-from ..grading.candidates import Candidate, CandidateLoadError, cpu_compile_options, names_a_file, resolve
-from ..grading.isolation import inside_path
+from ..grading.calls import CandidateFailure, TimedOut  # noqa: F401  (re-exported)
+from ..grading.candidates import (Candidate, CandidateLoadError, cpu_compile_options, load_request, names_a_file,
+                                  resolve)
+from ..sandbox.isolation import inside_path
 from ..grading.paged.problems import PagedProblem
 from ..grading.dense.problems import Problem
-from ..grading.sandbox import DEFAULT_MEMORY_LIMIT_GB, STARTUP_LIMIT_S, Expired, Sandbox, WorkerGone, load_request
-from ..grading.worker import ProtocolError
+from ..grading.serve import SERVICE
+from ..sandbox.sandbox import DEFAULT_MEMORY_LIMIT_GB, STARTUP_LIMIT_S, Expired, Sandbox, WorkerGone
+from ..sandbox.worker import ProtocolError
 from kernel_src.contract import canonical_features
 
 DEFAULT_TIME_LIMIT_S = 600.0  # per scorecard; a Pallas kernel in interpret mode needs minutes on 2 CPU cores
-
-
-class CandidateFailure(Exception):
-    """The candidate raised, returned something that is not a usable array, ran out of time or died."""
-
-
-class TimedOut(CandidateFailure):
-    pass
 
 
 def _clean(text: str, limit: int = 300) -> str:
@@ -47,7 +42,7 @@ def _clean(text: str, limit: int = 300) -> str:
 
 
 class Runner:
-    """Runs ``candidate`` in a worker process under ``time_limit_s`` seconds per scorecard (see module doc).
+    """The checks' :class:`~tpu_kernel_records_tools.grading.calls.Calls`: runs ``candidate`` in a worker process under ``time_limit_s`` seconds per scorecard (see module doc).
 
     ``start()`` launches the worker and loads the candidate (returns the load error, or None);
     ``new_scorecard()`` resets the budget and the observations; ``close()`` kills the worker and all
@@ -57,7 +52,7 @@ class Runner:
     def __init__(self, candidate: str | Candidate, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "process"):
         self.candidate = resolve(candidate)
-        self.isolation = isolation  # "bubblewrap" or "process" (grading.isolation)
+        self.isolation = isolation  # "bubblewrap" or "process" (sandbox.isolation)
         self.time_limit_s, self.memory_limit_gb = float(time_limit_s), memory_limit_gb
         self.sandbox: Sandbox | None = None
         self.down: str | None = None  # why the worker is gone, once it is
@@ -88,7 +83,8 @@ class Runner:
                 load = dict(load, spec=f"{inside_path(candidate_file, root)}:{load['spec'].rpartition(':')[2]}")
             module = target if target and not candidate_file else None  # package.module:function
             self.sandbox = Sandbox(memory_limit_gb=self.memory_limit_gb, isolation=self.isolation,
-                                   candidate_file=candidate_file, candidate_root=root, candidate_module=module)
+                                   candidate_file=candidate_file, candidate_root=root, candidate_module=module,
+                                   service=SERVICE)
             self.sandbox.start()
             self.sandbox.wait_ready(STARTUP_LIMIT_S)
         except CandidateLoadError as e:
@@ -130,12 +126,12 @@ class Runner:
 
     @property
     def syscall_filter(self) -> str | None:
-        """What filtered the last worker's system calls (``grading.syscalls.KINDS``); None before one said."""
+        """What filtered the last worker's system calls (``sandbox.syscalls.KINDS``); None before one said."""
         return self.sandbox.syscall_filter if self.sandbox is not None else None
 
     @property
     def memory_limit(self) -> str | None:
-        """What bounded the last worker's memory (``grading.memcg.KINDS``); None before one started."""
+        """What bounded the last worker's memory (``sandbox.memcg.KINDS``); None before one started."""
         return self.sandbox.memory_limit if self.sandbox is not None else None
 
     # -- calls ------------------------------------------------------------------------------------

@@ -110,14 +110,14 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
     run is still written and honestly rejected by the builder.
     """
     try:
-        from ..grading import candidates, rubric
+        from ..grading import candidates, contracts, rubric
         from kernel_src.contract import FEATURES
 
-        if known_bad is None:  # the dense ones, and the paged ones where a paged kernel is graded
-            paged = any(name in candidates.PAGED_BUILTIN for name in kernels)
-            known_bad = [name for name, c in [*candidates.BUILTIN.items(),
-                                              *(candidates.PAGED_BUILTIN.items() if paged else ())]
-                         if c.kind == "known-bad"]
+        if known_bad is None:  # the default contract's, and another contract's where a kernel of it is graded
+            every = candidates.builtins()
+            graded = {contracts.DEFAULT.name, *(every[name].contract for name in kernels if name in every)}
+            known_bad = [name for contract in contracts.CONTRACTS.values() if contract.name in graded
+                         for name, c in contract.builtins.items() if c.kind == "known-bad"]
         names = list(dict.fromkeys([*kernels, *known_bad]))
         levels = {name: kernel_level if name in kernels else "quick" for name in names}
         # A known-bad is graded on the base contract and the feature its bug is in (its intended checks),

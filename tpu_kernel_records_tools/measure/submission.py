@@ -34,14 +34,14 @@ from typing import Any
 
 import jax
 import numpy as np
-from kernel_src.contract import PAGED_FEATURES
 
 from ..bench import roofline, stats
 from ..bench.benchmark import BenchmarkResult, run_benchmark
 from ..bench.cases import MODEL_SCOPES, PAGED_SCOPES, Case, Profile
 from ..bench.submitted import roofline_floor_ms, time_program
-from ..grading.export import (PagedSignature, ProgramAttention, ProgramPagedAttention, ProgramRefused, Signature,
-                              load_program, program_path)
+from ..grading import contracts
+from ..grading.contracts import Contract
+from ..grading.export import PagedSignature, ProgramRefused, Signature, load_program, program_path
 from ..grading.exporter import export_declared
 from .supervise import DEFAULT_CASE_BUDGET_S, announce
 from .timed_checks import check_output, check_paged_output, check_rng
@@ -59,7 +59,7 @@ def check_name(name: str) -> str:
     return name
 
 
-PAGED = "paged"  # the contract of a paged submission (grading.candidates.CONTRACTS)
+PAGED = contracts.PAGED.name  # a paged submission is timed at the profile's paged-decode cases (bench.cases)
 PAGED_TEMPLATE = "paged-xla"  # the paged implementation whose cases give a paged submission's timed shapes
 
 
@@ -76,26 +76,27 @@ def bench_scopes(profile: Profile, contract: str = "attention") -> list[str]:
 # --- 1. signatures --------------------------------------------------------------------------------
 
 class _Recorder:
-    """A runner for the rubric's checks that calls the reference in this process and notes each call."""
+    """The checks' runner (``grading.calls.Calls``) that calls the contract's reference in this process and
+    notes each call's signature (the contract's ``signature_type``)."""
 
-    def __init__(self):
-        from ..grading.candidates import jit_contract
-        from kernel_src.reference import reference_attention
-
-        self.fn = jit_contract(reference_attention)
-        self.signatures: list[Signature] = []
+    def __init__(self, contract: Contract):
+        self.fn, self.signature_type = contract.reference(), contract.signature_type
+        self.signatures: list = []
         self.nonfinite, self.returned, self.timed_out, self.check = [], 0, False, ""
 
-    def _note(self, p) -> None:
-        self.signatures.append(Signature.of_call(p.q, p.k, p.v, **p.kwargs))
+    def _call(self, *args, **kwargs) -> np.ndarray:
+        self.signatures.append(self.signature_type.of_call(*args, **kwargs))
+        self.returned += 1
+        return np.asarray(self.fn(*args, **kwargs))
 
     def forward(self, p, *, check_shape: bool = True) -> np.ndarray:
-        self._note(p)
-        self.returned += 1
-        return np.asarray(self.fn(p.q, p.k, p.v, **p.kwargs))
+        return self._call(p.q, p.k, p.v, **p.kwargs)
+
+    def paged_forward(self, p) -> np.ndarray:
+        return self._call(p.q, p.k_pages, p.v_pages, **p.kwargs)
 
     def vjp(self, p):
-        self._note(p)
+        self.signatures.append(self.signature_type.of_call(p.q, p.k, p.v, **p.kwargs))
         kwargs = {n: x for n, x in p.kwargs.items() if n != "sinks"}
         if p.sinks is None:
             out, pull = jax.vjp(lambda q, k, v: self.fn(q, k, v, **kwargs), p.q, p.k, p.v)
@@ -106,32 +107,14 @@ class _Recorder:
         return result
 
 
-class _PagedRecorder:
-    """``_Recorder`` for the paged rubric: calls the paged reference in this process and notes each call."""
-
-    def __init__(self):
-        from ..grading.paged.known_bad import paged_reference
-
-        self.fn = paged_reference
-        self.signatures: list[PagedSignature] = []
-        self.nonfinite, self.returned, self.timed_out, self.check = [], 0, False, ""
-
-    def paged_forward(self, p) -> np.ndarray:
-        self.signatures.append(PagedSignature.of_call(p.q, p.k_pages, p.v_pages, **p.kwargs))
-        self.returned += 1
-        return np.asarray(self.fn(p.q, p.k_pages, p.v_pages, **p.kwargs))
-
-
 def grading_signatures(seed: int, level: str, features: tuple[str, ...] = (), contract: str = "attention") -> list:
     """Every call signature the rubric makes at ``seed`` and ``level`` on a correct kernel that declares
     ``features`` (on the paged contract: the paged rubric's calls, as ``PagedSignature``s)."""
-    from ..grading.dense import checks as C
-    from ..grading.paged.checks import paged_checks_for
-    from ..grading.rubric import checks_for
+    from ..grading.dense.context import Context
 
-    recorder = _PagedRecorder() if contract == PAGED else _Recorder()
-    ctx = C.Context(recorder, seed, level=level)
-    for spec in paged_checks_for(features) if contract == PAGED else checks_for(features):
+    recorder = _Recorder(contracts.get(contract))
+    ctx = Context(recorder, seed, level=level)
+    for spec in contracts.get(contract).checks_for(features):
         recorder.check = spec.name
         try:
             spec.run(ctx)
@@ -334,27 +317,27 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
     """Signatures, export and checks: ``(submission entry, templates, programs by key, sha256 by key,
     grading signatures)``; the programs' bytes are written under ``folder``. Raises ``ProgramRefused``.
     ``contract``: ``"paged"`` for a paged kernel (timed at the paged cases its declared features allow)."""
-    from ..grading import isolation as isolations
-    from ..grading.candidates import resolve
+    from ..sandbox import isolation as isolations
+    from ..grading.candidates import is_builtin, resolve
 
     templates = templates_for(profile, bench_scopes(profile, contract), seed, platform)
     asked: dict[str, list] = {}
 
     def wanted_for(features: tuple[str, ...]) -> list:  # once the worker says what it declares
+        features = tuple(f for f in features if f in contracts.get(contract).features)
         if contract == PAGED:
-            features = tuple(f for f in features if f in PAGED_FEATURES)
             templates[:] = [c for c in templates if c.window is None or "window" in features]
         asked["grading"] = grading_signatures(seed, level, features, contract)
         asked["wanted"] = list(dict.fromkeys([*asked["grading"], *(case_signature(c) for c in templates)]))
         return asked["wanted"]
 
     try:
-        where = isolations.choose(isolation, resolve(spec, root=candidate_dir))
+        where = isolations.choose(isolation, is_builtin(resolve(spec, root=candidate_dir)))
     except (isolations.IsolationUnavailable, ValueError) as e:
         raise ProgramRefused(str(e)) from None
     features, raw = export_declared(spec, wanted_for, platform=platform, isolation=where, root=candidate_dir)
+    features = tuple(f for f in features if f in contracts.get(contract).features)
     if contract == PAGED:
-        features = tuple(f for f in features if f in PAGED_FEATURES)
         if not templates:
             raise ProgramRefused(f"profile {profile.name!r} has no paged-decode case the kernel's features "
                                  f"({', '.join(features) or 'none'}) allow")
@@ -379,8 +362,8 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
     shown = f"{Path(target).name}:{function}" if file is not None and target.endswith(".py") else spec
     submission = {"spec": shown, "file_sha256": hashlib.sha256(file.read_bytes()).hexdigest() if file else None,
                   "platform": platform, "isolation": where, "programs": list(entries.values())}
-    if contract == PAGED:
-        submission["contract"] = PAGED
+    if contract != contracts.DEFAULT.name:
+        submission["contract"] = contract
     if features:
         submission["features"] = list(features)
     return submission, templates, programs, digests, grading
@@ -397,10 +380,10 @@ def grade_programs(name: str, folder: Path, digests: dict[str, str], grading: li
     from ..grading.candidates import Candidate
 
     table = {s.key: digests[s.key] for s in grading}
-    program = (ProgramPagedAttention if contract == PAGED else ProgramAttention)(str(folder), table, platform, features)
+    program = contracts.get(contract).program_type(str(folder), table, platform, features)
     candidate = Candidate(name, "external", f"Submitted kernel {name}, as the programs it exported.",
                           lambda: program, contract=contract)
-    card = rubric.grade(candidate, seed=seed, level=level, isolation="process", paged=contract == PAGED,
+    card = rubric.grade(candidate, seed=seed, level=level, isolation="process", contract=contract,
                         slots_from=slots_from).to_dict()
     card["programs"] = sorted(set(table.values()))
     return card

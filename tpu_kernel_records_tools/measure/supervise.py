@@ -18,7 +18,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..grading.sandbox import exit_description
+from ..sandbox.sandbox import exit_description
 
 STATUS_FD = "TPU_KERNEL_RECORDS_STATUS_FD"  # the child's end of the status pipe, in its environment
 DEFAULT_CASE_BUDGET_S = 600.0  # seconds a submitted program may take at one case: compile, warm-ups, samples

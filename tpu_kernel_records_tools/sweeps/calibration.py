@@ -22,7 +22,7 @@ slots with fresh values, and the compiled programs of a group's first seed serve
 needed k of the reference's trial with its full scorecard's in the worker, at the quick level). The report
 says how many slot draws each set covers. The trials of one seed are batched: the seed's problems, truth and
 baselines are computed once, before its first candidate, and shared by all. A built-in (our own code) is
-called in this process through the worker's own request handler (``grading.worker``: the same calls, the
+called in this process through the worker's own request handler (``sandbox.worker``: the same calls, the
 same results as in its worker process), so its jitted functions and their compiled programs live across the
 seeds of a group; they are let go when the next group starts, or once the memory mappings they hold pass
 :func:`mappings_limit`. A file or module candidate is graded as any scorecard is, in its sandboxed worker
@@ -451,13 +451,13 @@ def _cut_off_note(path: Path, cut: str) -> str:
 
 
 def compute_on_cpu() -> None:
-    """Calibrate on the CPU, with the compile options a grading worker on a CPU uses (``grading.worker``), as
+    """Calibrate on the CPU, with the compile options a grading worker on a CPU uses (``sandbox.worker``), as
     long as JAX's backend has not started in this process (it has not when the command or a Dask worker starts)."""
     import jax
     from jax._src import xla_bridge
 
     from ..grading.candidates import CPU_COMPILE_OPTIONS
-    from ..grading.worker import _add_xla_flags
+    from ..sandbox.worker import _add_xla_flags
 
     if xla_bridge.backends_are_initialized():
         return

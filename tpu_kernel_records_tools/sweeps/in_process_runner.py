@@ -13,7 +13,7 @@ from ..grading.runner import CandidateFailure, Runner
 
 
 class InProcessRunner(Runner):
-    """``grading.runner.Runner`` whose requests go to the worker's own handler (``grading.worker._Server``)
+    """``grading.runner.Runner`` whose requests go to the worker's own handler (``grading.serve.AttentionServer``)
     in this process: for the project's built-ins only (our code; a stranger's never runs here)."""
 
     def __init__(self, candidate: Candidate):
@@ -23,9 +23,9 @@ class InProcessRunner(Runner):
         self.server = None
 
     def start(self) -> str | None:
-        from ..grading.worker import _Server
+        from ..grading.serve import AttentionServer
 
-        self.server = _Server()
+        self.server = AttentionServer()
         reply = self.server.load({"op": "load", "spec": self.candidate.name})
         if not reply.get("ok"):
             self.down = reply.get("error", "the candidate could not be loaded")

@@ -33,7 +33,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ..grading.dense import checks as C
-from ..grading.candidates import BUILTIN, PAGED_BUILTIN, Candidate, CandidateLoadError, resolve
+from ..grading.candidates import Candidate, CandidateLoadError, builtins, resolve
 from ..grading.dense.feature_checks import FEATURE_CHECKS
 from ..grading.paged.checks import PAGED_CHECKS, PAGED_FEATURE_CHECKS
 from ..grading.paged.slots import draw_paged_slots
@@ -48,7 +48,7 @@ def default_candidates() -> list[str]:
     """Every built-in of both contracts, dense then paged: the correct ones (kernels only where they import)
     and every known-bad one."""
     names = []
-    for name, cand in [*BUILTIN.items(), *PAGED_BUILTIN.items()]:
+    for name, cand in builtins().items():
         if cand.kind == "kernel":
             try:
                 cand.load()

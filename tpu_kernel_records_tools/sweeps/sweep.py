@@ -49,7 +49,7 @@ class Sweep:
 
 def grade_task(candidate: str, seed: int, level: str, time_limit_s: float | None, isolation: str = "auto") -> dict:
     """One trial, where a Dask worker runs it: ``candidate`` graded on ``seed`` in a worker process under
-    ``isolation`` (``grading.isolation``; a machine that cannot give it fails the task)."""
+    ``isolation`` (``sandbox.isolation``; a machine that cannot give it fails the task)."""
     cand = resolve(candidate)
     limit = {} if time_limit_s is None else {"time_limit_s": time_limit_s}
     start = time.perf_counter()

@@ -25,18 +25,17 @@ the scale (scale, and every problem with an explicit scale).
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
 from typing import Callable
 
 import numpy as np
 
 from ...grading.dense import truth as oracle
-from ...grading.check_context import (Context, Outcome, _first_difference, _gradient_verdicts,  # noqa: F401
-                                     _judge_out, _one_hot_values, _perturb_keys, _stays_put, _summarize,
-                                     readout_violations)  # (re-exported: feature_checks, paged_checks, tests)
+from ...grading.calls import CandidateFailure, TimedOut  # noqa: F401  (re-exported)
+from ...grading.check_context import FINITE, CheckSpec, Outcome, _first_difference, _summarize  # noqa: F401
+from ...grading.dense.context import (Context, _gradient_verdicts, _judge_out, _one_hot_values,  # noqa: F401
+                                      _perturb_keys, _stays_put, readout_violations)  # (re-exported: tests)
 from ...grading.dense.problems import BACKGROUND_DAEMON, STOPPING, Problem, compute_ahead, normal  # noqa: F401
 from ...grading.dense.slots import EXPLICIT_SCALE, QUICK, SHAPES, SHORT  # noqa: F401
-from ...grading.runner import CandidateFailure, Runner, TimedOut  # noqa: F401  (re-exported)
 
 # --------------------------------------------------------------------------------------------------
 # The checks.
@@ -478,14 +477,6 @@ def _fresh(run: Callable[[Context], Outcome]) -> Callable[[Context], Outcome]:
     return checked
 
 
-@dataclass(frozen=True)
-class CheckSpec:
-    name: str
-    points: float
-    run: Callable[[Context], Outcome]
-    summary: str
-
-
 CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(name, points, _fresh(run), summary) for name, points, run, summary in (
     ("output-shape-dtype", 5, check_output_shape_dtype, "output is [batch, q_len, num_q_heads, head_dim] in q's "
      "dtype"),
@@ -506,4 +497,3 @@ CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(name, points, _fresh(run), summa
     ("fresh-inputs", 6, check_fresh_inputs, "fresh inputs get fresh answers (no memoizing, no input-independent "
      "output)"),
 ))
-FINITE = CheckSpec("finite", 4, lambda ctx: None, "no NaN or Inf in any output or gradient returned")

@@ -18,10 +18,13 @@ every seed) and judges them four ways:
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import numpy as np
 
-from ...grading.dense.checks import (CheckSpec, Context, Outcome, _fresh, _gradient_verdicts, _judge_out, _one_hot_values,
-                              _perturb_keys, _stays_put, _summarize, problems, readout_violations)
+from ...grading.dense.checks import (CHECKS, CheckSpec, Context, Outcome, _fresh, _gradient_verdicts, _judge_out,
+                                     _one_hot_values, _perturb_keys, _stays_put, _summarize, plan_ahead, problems,
+                                     readout_violations)
 from ...grading.dense.problems import Problem, normal
 from ...grading.dense.slots import BLOCK_SIZES, draw_feature_slots, draw_lengths
 from kernel_src.contract import FEATURES, Dims
@@ -320,3 +323,14 @@ FEATURE_CHECKS: dict[str, CheckSpec] = {name: CheckSpec(name, 8, _fresh(run), su
     ("sinks", check_sinks, "one logit per query head in each row's denominator, no value"),
 )}
 assert tuple(FEATURE_CHECKS) == FEATURES
+
+
+def checks_for(features: Sequence[str] = ()) -> tuple[CheckSpec, ...]:
+    """The checks a candidate declaring ``features`` gets: every base check, then each feature's own."""
+    return (*CHECKS, *(FEATURE_CHECKS[f] for f in features))
+
+
+def plan_checks(seed: int, level: str, features: Sequence[str] = ()) -> None:
+    """Build the problems of ``(seed, level)`` ahead on a thread (``checks.plan_ahead``): the base checks',
+    or, given ``features``, those features' checks'."""
+    plan_ahead(seed, level, [FEATURE_CHECKS[f] for f in features] if features else None)

@@ -11,7 +11,7 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ...grading.cpu_jit import jit_cpu
+from ...sandbox.cpu_jit import jit_cpu
 from kernel_src.contract import FEATURES
 
 Attention = Callable[..., jax.Array]

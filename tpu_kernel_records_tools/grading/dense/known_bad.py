@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...grading.candidate import Attention, Candidate
-from ...grading.cpu_jit import jit_cpu
+from ...sandbox.cpu_jit import jit_cpu
 from ...grading.dense.feature_variants import _feature_variant
 from ...grading.dense.variant_attention import _flash_style, _online_softmax, _split_kv_without_maxima, _variant
 from kernel_src.contract import FEATURES, declared_features

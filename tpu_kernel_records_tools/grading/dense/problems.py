@@ -16,7 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...grading.dense import truth as oracle
-from ...grading.cpu_jit import jit_cpu
+from ...sandbox.cpu_jit import jit_cpu
 from ...grading.dense.known_bad import reference
 from ...grading.dense.slots import (EXPLICIT_SCALE, GROUPS, HEAD_DIMS, LEVELS, ODD_HEAD_DIMS, QUICK,  # noqa: F401
                              QUICK_SLOTS, SERVING_SLOTS, SHAPES, SHORT, SLOT_FLAGS, SLOT_MIN_LENGTH,

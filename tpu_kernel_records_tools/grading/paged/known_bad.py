@@ -20,7 +20,8 @@ from typing import Callable, NamedTuple
 import jax
 import jax.numpy as jnp
 
-from ...grading.cpu_jit import jit_cpu
+from ...grading.candidate import Candidate
+from ...sandbox.cpu_jit import jit_cpu
 from kernel_src.contract import PAGED_FEATURES, check_paged_inputs, default_scale, visible
 from kernel_src.reference import reference_paged_attention
 
@@ -281,3 +282,7 @@ PAGED_ENTRIES: tuple[PagedEntry, ...] = (
                _constant(jit_paged(functools.partial(_online_pages, window_skip_from_last_row=True), PAGED_FEATURES,
                                    cpu=True)), ("paged-window",)),
 )
+
+# Kept apart from the dense BUILTIN: every consumer of BUILTIN grades the attention contract.
+PAGED_BUILTIN: dict[str, Candidate] = {e.name: Candidate(e.name, e.kind, e.doc, e.loader, e.catches, contract="paged")
+                                       for e in PAGED_ENTRIES}

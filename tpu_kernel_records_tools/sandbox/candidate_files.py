@@ -13,7 +13,7 @@ starts. So before anything is opened:
   :class:`FolderLimits` (``--candidate-max-mib``, ``--candidate-max-files``), so that a copy for the
   sandbox cannot fill the disk.
 
-Each refusal is a :class:`~tpu_kernel_records_tools.grading.candidates.CandidateSpecError` of one line
+Each refusal is a :class:`~tpu_kernel_records_tools.sandbox.errors.CandidateSpecError` of one line
 that names the path the user gave and what is wrong with it, never a byte of what it points to.
 :func:`open_file` opens a candidate file with ``O_NOFOLLOW`` and checks what it opened, so a link put
 in its place after the check is refused too.

@@ -1,7 +1,7 @@
 """``jit_cpu``: ``jax.jit`` with XLA:CPU's faster-compiling options where JAX computes on a CPU.
 
 The grader's own programs (the reference's baselines) and the built-in candidates compile through it; a
-worker on a CPU gets the same options through ``XLA_FLAGS`` (``grading.worker``).
+worker on a CPU gets the same options through ``XLA_FLAGS`` (``sandbox.worker``).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import jax
 # (tests/test_grader_speed.py compares them) for about 60% of the compile time, and a grade on a CPU is mostly
 # compiling (every shape a check draws is a new program, for the reference's baseline and the candidate alike).
 # Applied to the grader's own programs (``jit_cpu``) and, through XLA_FLAGS, to a worker on a CPU
-# (``grading.worker``); never on an accelerator.
+# (``sandbox.worker``); never on an accelerator.
 CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 

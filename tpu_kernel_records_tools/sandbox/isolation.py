@@ -24,7 +24,7 @@ execs bwrap unprivileged. Inside, the worker's processes are the host's ``SANDBO
 namespace of their own, so the kernel counts ``RLIMIT_NPROC`` (set by the worker) over the sandbox
 alone; a root-mapped sandbox would be exempt from it.
 
-``"process"``: the worker is an ordinary child of the grader (``grading.sandbox``'s own limits only).
+``"process"``: the worker is an ordinary child of the grader (``sandbox.sandbox``'s own limits only).
 """
 
 from __future__ import annotations
@@ -37,7 +37,8 @@ import shutil
 import subprocess
 import sys
 
-from ..grading import candidate_files
+from ..sandbox import candidate_files
+from ..sandbox.errors import CandidateLoadError
 
 SANDBOX_UID = 65534            # the host uid a root grader's sandbox runs as ("nobody")
 TMP_LIMIT_BYTES = 512 << 20    # the worker's /tmp (its home and working directory)
@@ -200,11 +201,6 @@ def _readable(folder: str, stage_dir: str) -> str:
     return copy
 
 
-def _load_error(text: str) -> Exception:
-    from ..grading.candidates import CandidateLoadError
-    return CandidateLoadError(text)
-
-
 def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candidate_file: str | None = None,
           candidate_root: str | None = None, candidate_module: str | None = None) -> Launch:
     """The launch of ``command`` inside bubblewrap with ``env`` (already allow-listed; HOME etc. are
@@ -225,7 +221,7 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
         try:  # before anything is copied: no link out of it, bounded in size
             candidate_files.check_folder(folder, what="candidate folder" if candidate_root else "candidate package")
         except candidate_files.LinkRefused as e:
-            raise _load_error(str(e)) from None
+            raise CandidateLoadError(str(e)) from None
     sources = _bound_sources([p for p in module_places if os.path.isdir(p)])
     copies = {p: _readable(p, stage_dir) for p in module_places if root and os.path.isdir(p)}
     stage = []
@@ -268,7 +264,7 @@ def build(command: list[str], env: dict, *, stage_dir: str, keep_fds=(), candida
         try:
             fd = candidate_files.open_file(path)
         except candidate_files.LinkRefused as e:
-            raise _load_error(str(e)) from None
+            raise CandidateLoadError(str(e)) from None
         fds.append(fd)
         close_after.append(fd)
         argv.extend(["--ro-bind-data", str(fd), target])
@@ -324,17 +320,16 @@ def unavailable_reason() -> str | None:
         shutil.rmtree(folder, ignore_errors=True)
 
 
-def choose(requested: str, candidate) -> str:
+def choose(requested: str, builtin: bool) -> str:
     """The isolation a candidate is graded under. ``"auto"``: bubblewrap for a stranger's code (a file,
-    module or programmatic candidate), ``"process"`` for a built-in; ``"bubblewrap"``/``"process"``
-    as asked. Raises :class:`IsolationUnavailable` when bubblewrap is needed and cannot run."""
-    from ..grading.candidates import is_builtin
-
+    module or programmatic candidate), ``"process"`` for a built-in (``builtin``: the project's own code);
+    ``"bubblewrap"``/``"process"`` as asked. Raises :class:`IsolationUnavailable` when bubblewrap is needed
+    and cannot run."""
     if requested not in CHOICES:
         raise ValueError(f"isolation must be one of {CHOICES}, got {requested!r}")
     if requested == "process":
         return "process"
-    if requested == "auto" and is_builtin(candidate):
+    if requested == "auto" and builtin:
         return "process"
     reason = unavailable_reason()
     if reason is not None:

@@ -1,13 +1,13 @@
 """The grader's side of the grading sandbox: start, talk to, and kill one candidate's worker process.
 
-A :class:`Sandbox` runs ``grading.worker`` in a fresh interpreter (``python -I``) with
+A :class:`Sandbox` runs ``sandbox.worker`` in a fresh interpreter (``python -I``) with
 
 - an allow-listed environment (:func:`worker_environment`: locale, ``PATH``, the JAX/XLA/TPU and
   BLAS variables the platform needs; never ``HF_*``, ``KAGGLE_*``, ``AWS_*``, ``GOOGLE_*``,
   ``*_TOKEN``, ``*_KEY``, ``*_SECRET`` or anything else), ``HOME``, ``TMPDIR`` and the working
   directory set to its own new empty temporary folder, stdin closed, stdout/stderr to a log file;
 - a memory limit of ``memory_limit_gb`` GiB (default :data:`DEFAULT_MEMORY_LIMIT_GB`): a memory cgroup
-  of its own (``grading.memcg``: memory, memfds, tmpfs files, pipe buffers all counted; past it the
+  of its own (``sandbox.memcg``: memory, memfds, tmpfs files, pipe buffers all counted; past it the
   cgroup's OOM killer kills the worker and nothing else) which it joins before it starts; where no cgroup
   can be had, an address-space limit (``RLIMIT_AS``) instead, which those escape. ``memory_limit`` says
   which (``memcg.KINDS``). No core dumps;
@@ -23,13 +23,13 @@ until none is left, and reaps them.
 Under ``isolation="process"`` that is all: the worker runs as the grader's user, so files that user can
 read (a token saved under the real home, say) are readable by the candidate, and a root grader's
 ``/proc/PID/environ`` is readable by a root worker. Under ``isolation="bubblewrap"`` (the default for a
-file or module candidate, ``grading.isolation``) the worker also runs in its own user, PID, network, IPC
+file or module candidate, ``sandbox.isolation``) the worker also runs in its own user, PID, network, IPC
 and UTS namespaces as an unprivileged uid, on a read-only file system with a private size-limited
 ``/tmp``, under a process-count and a file-size limit: it sees neither the grader's processes nor its
 environment, reaches no network and writes nothing outside its ``/tmp``.
 
 Only arrays come back, and nothing the worker says is trusted: replies are parsed with
-``grading.worker.decode_header`` (JSON header, a whitelist of dtypes, sizes checked against a cap), never
+``sandbox.worker.decode_header`` (JSON header, a whitelist of dtypes, sizes checked against a cap), never
 unpickled; each reply header must match :data:`REPLY_SCHEMA` and carry the number of the request it
 answers, and a frame the grader did not ask for (written while the candidate was imported, or between
 requests) is refused. Every malformed frame is a ``ProtocolError``, which fails that candidate alone.
@@ -38,11 +38,9 @@ requests) is refused. Every malformed frame is a ``ProtocolError``, which fails 
 from __future__ import annotations
 
 import atexit
-import base64
 import ctypes
 import json
 import os
-import pickle
 import re
 import select
 import shutil
@@ -58,9 +56,9 @@ import jsonschema
 import numpy as np
 import psutil
 
-from ..grading import isolation, memcg, syscalls
-from ..grading.isolation import ISOLATIONS
-from ..grading.worker import HEADER_LIMIT, ProtocolError, decode_header, encode
+from ..sandbox import isolation, memcg, syscalls
+from ..sandbox.isolation import ISOLATIONS
+from ..sandbox.worker import BARE_SERVICE, HEADER_LIMIT, ProtocolError, decode_header, encode
 
 DEFAULT_MEMORY_LIMIT_GB = 16.0  # address space of a worker; JAX on CPU needs about 2 GB to start
 STARTUP_LIMIT_S = 120.0         # interpreter + JAX import, before the candidate's own code runs
@@ -74,7 +72,7 @@ DENIED = re.compile(r"^(HF_|HUGGING|KAGGLE|AWS_|GOOGLE_|GCP_|GCLOUD|AZURE_|GITHU
                     r"PASSW|CREDENTIAL|AUTH|COOKIE", re.IGNORECASE)
 
 _BOOTSTRAP = ("import sys, json; sys.path[:0] = json.loads(sys.argv[1]); "
-              "from tpu_kernel_records_tools.grading.worker import main; main(sys.argv[2:])")
+              "from tpu_kernel_records_tools.sandbox.worker import main; main(sys.argv[2:], service={service!r})")
 
 
 # What a worker's reply header may hold (``arrays`` is checked by decode_header); bounded, no other keys.
@@ -161,11 +159,15 @@ class Sandbox:
 
     def __init__(self, *, memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "process",
                  candidate_file: str | None = None, candidate_root: str | None = None,
-                 candidate_module: str | None = None):
+                 candidate_module: str | None = None, service: str = BARE_SERVICE):
+        """``service``: ``"module:factory"``, what the worker imports (after its filter, before the candidate)
+        to answer requests (``worker.Server``'s interface); the caller's, so this package knows no request."""
         if isolation not in ISOLATIONS:
             raise ValueError(f"isolation must be one of {ISOLATIONS}, got {isolation!r}")
+        if not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", service):
+            raise ValueError(f"service must be module:factory, got {service!r:.80}")
         self.memory_limit_gb, self.isolation, self.candidate_file = memory_limit_gb, isolation, candidate_file
-        self.candidate_root, self.candidate_module = candidate_root, candidate_module
+        self.candidate_root, self.candidate_module, self.service = candidate_root, candidate_module, service
         self.cgroup: memcg.MemoryCgroup | None = None
         self.memory_limit = "none"  # what bounds the worker's memory: memcg.KINDS
         self.syscall_filter: str | None = None  # what filtered its system calls: syscalls.KINDS (said at hello)
@@ -203,8 +205,8 @@ class Sandbox:
         self._before = _own_children()
         _LIVE.add(self)
         log = open(os.path.join(self._dir, "worker.log"), "wb")
-        command = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP, json.dumps(path), str(to_worker_r),
-                   str(from_worker_w), str(address_space)]
+        command = [sys.executable, "-I", "-B", "-c", _BOOTSTRAP.format(service=self.service), json.dumps(path),
+                   str(to_worker_r), str(from_worker_w), str(address_space)]
         argv, env, fds, cwd, close_after = command, worker_environment(home), (to_worker_r, from_worker_w), home, []
         try:
             if self.isolation == "bubblewrap":
@@ -384,39 +386,6 @@ def parse_reply(head: bytes, seq: int | None) -> tuple[dict, list]:
     if header.get("seq") != seq:
         raise ProtocolError("a reply to a request never made (or a second reply to one)")
     return header, specs
-
-
-def load_request(candidate) -> dict:
-    """The worker's ``load`` header for a candidate: its spec when it has one (built-in name,
-    ``/abs/file.py:function``, ``module:function``), else its function pickled by reference (a
-    programmatic ``Candidate``; its loader runs here, in the caller's process, which trusts it)."""
-    from ..grading.candidates import Candidate, CandidateSpecError, is_builtin, names_a_file, resolve
-
-    if isinstance(candidate, str):
-        candidate = resolve(candidate)
-    assert isinstance(candidate, Candidate)
-    if is_builtin(candidate):
-        return {"op": "load", "spec": candidate.name}
-    if candidate.kind == "external":
-        try:
-            spec_form = resolve(candidate.name)
-        except CandidateSpecError:
-            spec_form = None
-        if spec_form is not None and spec_form.doc == candidate.doc:
-            target, _, function = candidate.name.rpartition(":")
-            if names_a_file(target):
-                target = str(os.path.abspath(os.path.expanduser(target)))
-                if not os.path.isfile(target):
-                    from ..grading.candidates import CandidateLoadError
-                    raise CandidateLoadError(f"candidate file {candidate.name.rpartition(':')[0]} does not exist")
-            return {"op": "load", "spec": f"{target}:{function}"}
-    fn = candidate.load()
-    try:
-        return {"op": "load", "pickled": base64.b64encode(pickle.dumps(fn)).decode()}
-    except Exception as e:
-        from ..grading.candidates import CandidateLoadError
-        raise CandidateLoadError(f"cannot hand {candidate.name!r} to a worker process ({type(e).__name__}: {e}); "
-                                 f"give it as path/to/file.py:function") from None
 
 
 def kill_descendants(proc: subprocess.Popen, before: dict[int, float], *, spare: set[int] = frozenset(),

@@ -1,7 +1,7 @@
 """Files a candidate must not change: the grader's own packages and the libraries its workers import.
 
 A worker runs as the grader's user, so a hostile candidate can rewrite files on disk: the grader's
-sources (``grading/worker.py`` is imported afresh by every later candidate's worker) or JAX and NumPy
+sources (``sandbox/worker.py`` is imported afresh by every later candidate's worker) or JAX and NumPy
 themselves, turning the grade of every later candidate, and of later runs, into whatever it wants.
 Nothing short of another user or a read-only file system prevents that; this module detects it.
 ``snapshot()`` records size and modification time of every file under the watched package
