@@ -17,7 +17,8 @@ from tpu_kernel_records_tools.grading.dense import checks as C
 from tpu_kernel_records_tools.grading import candidates
 from tpu_kernel_records_tools.sandbox import worker
 from tpu_kernel_records_tools.grading.candidates import CPU_COMPILE_OPTIONS
-from tpu_kernel_records_tools.grading.dense.known_bad import _reference_fn, reference
+from tpu_kernel_records_tools.sandbox.cpu_jit import worker_compile_options
+from tpu_kernel_records_tools.grading.dense.known_bad import reference
 from tpu_kernel_records_tools.grading.dense.problems import _reference_vjp, normal
 from tpu_kernel_records_tools.grading.runner import Runner
 from kernel_src.contract import Dims
@@ -26,21 +27,40 @@ from tests.grading_inprocess import grade
 FLAG = "--xla_cpu_use_fusion_emitters=false"
 
 
-def _vjp(q, k, v, ct, lengths, *, causal, scale):
-    out, pull = jax.vjp(lambda q, k, v: _reference_fn(q, k, v, lengths, causal=causal, scale=scale), q, k, v)
-    return (out, *pull(ct))
+def _same_bits_under_the_options(p, features=None):
+    """The reference's output and gradients on problem ``p``: the same bits compiled plainly and under the options."""
+    features = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in (features or {}).items()}
+
+    def vjp(q, k, v, ct, lengths, **static):
+        out, pull = jax.vjp(lambda q, k, v: reference(q, k, v, kv_lengths=lengths, **static, **features), q, k, v)
+        return (out, *pull(ct))
+
+    static = dict(causal=p.causal, scale=p.scale)
+    args = (p.q, p.k, p.v, p.ct, p.kv_lengths)
+    plain = jax.jit(functools.partial(vjp, **static))(*args)
+    fast = jax.jit(functools.partial(vjp, **static), compiler_options=CPU_COMPILE_OPTIONS)(*args)
+    for a, b in zip(plain, fast):
+        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
 
 
 @pytest.mark.parametrize("dtype,causal,lengths", [("bfloat16", True, True), ("float32", False, False)])
 def test_the_cpu_compile_options_give_the_reference_the_same_bits(dtype, causal, lengths):
     p = normal(np.random.default_rng(3), Dims(3, 40, 200, 8, 2, 80), dtype, causal=causal, lengths=lengths,
                grad=True)
-    args = (p.q, p.k, p.v, p.ct, p.kv_lengths)
-    plain = jax.jit(_vjp, static_argnames=("causal", "scale"))(*args, causal=causal, scale=None)
-    fast = jax.jit(_vjp, static_argnames=("causal", "scale"), compiler_options=CPU_COMPILE_OPTIONS)(
-        *args, causal=causal, scale=None)
-    for a, b in zip(plain, fast):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    _same_bits_under_the_options(p)
+
+
+def test_the_cpu_compile_options_give_the_reference_the_same_bits_with_every_feature():
+    rng = np.random.default_rng(6)
+    p = normal(rng, Dims(2, 24, 96, 4, 2, 64), "bfloat16", causal=True, lengths=True, grad=True)
+    segments = np.sort(rng.integers(0, 3, (2, 96)), axis=1).astype(np.int32)
+    _same_bits_under_the_options(p, dict(window_size=(17, 3), softcap=20.0, sinks=rng.normal(size=4).astype(np.float32),
+                                         q_segment_ids=segments[:, -24:], kv_segment_ids=segments))
+
+
+def test_a_worker_gets_the_faster_compile_at_the_quick_level_only():
+    assert worker_compile_options("quick") == {**CPU_COMPILE_OPTIONS, "xla_backend_optimization_level": 0}
+    assert worker_compile_options("full") == CPU_COMPILE_OPTIONS == {"xla_cpu_use_fusion_emitters": False}
 
 
 def test_the_grader_compiles_under_the_options_on_a_cpu_and_still_composes():
@@ -74,15 +94,18 @@ from kernel_src.reference import reference_attention
 def attention(q, k, v, *, causal=False, kv_lengths=None, scale=None):
     if "{flag}" not in os.environ.get("XLA_FLAGS", ""):
         raise RuntimeError("compiled without the grader's CPU options: " + os.environ.get("XLA_FLAGS", ""))
+    if ("--xla_backend_optimization_level=0" in os.environ["XLA_FLAGS"]) != {quick}:
+        raise RuntimeError("the optimization level is not the one of the level: " + os.environ["XLA_FLAGS"])
     return reference_attention(q, k, v, causal=causal, kv_lengths=kv_lengths, scale=scale)
 '''
 
 
 @pytest.mark.skipif(jax.default_backend() != "cpu", reason="the options are for a CPU only")
-def test_a_cpu_grade_starts_its_worker_with_the_options(tmp_path):
+@pytest.mark.parametrize("level", ["quick", "full"])
+def test_a_cpu_grade_starts_its_worker_with_the_options_of_its_level(tmp_path, level):
     path = tmp_path / "flags.py"
-    path.write_text(CANDIDATE.format(flag=FLAG))
-    runner = Runner(f"{path}:attention", isolation="process", time_limit_s=120)
+    path.write_text(CANDIDATE.format(flag=FLAG, quick=level == "quick"))
+    runner = Runner(f"{path}:attention", isolation="process", time_limit_s=120, level=level)
     try:
         assert runner.start() is None, runner.down
         p = normal(np.random.default_rng(5), Dims(1, 8, 16, 2, 1, 16), "float32")

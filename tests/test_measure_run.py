@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import json
 import importlib.util
+import os
 from pathlib import Path
 
 import numpy as np
@@ -299,6 +300,29 @@ def test_power_seeds_fill_the_optional_power_summary(tmp_path, replay, monkeypat
     monkeypatch.setattr(power, "measure_power", lambda *, seeds, progress: calls.append(seeds) or summary)
     folder = run_module.run_measure(tmp_path / "p", profile="tiny", power_seeds=3, progress=False)
     assert calls == [3] and rawio.read_run(folder)["correctness"]["power"] == summary
+
+
+def test_a_cpu_grades_one_candidate_per_core_at_once_in_order_and_an_accelerator_one(monkeypatch):
+    import threading
+
+    from tpu_kernel_records_tools.grading import rubric
+
+    assert run_module.grading_workers(5, "tpu") == run_module.grading_workers(5, "gpu") == 1
+    assert run_module.grading_workers(1, "cpu") == 1
+    cores = len(os.sched_getaffinity(0))
+    assert run_module.grading_workers(5, "cpu") == min(5, cores)
+    if run_module.grading_workers(2) < 2:
+        pytest.skip("one core: the grades run one at a time")
+    together = threading.Barrier(2, timeout=60)  # broken (an error) unless two grades run at once
+
+    def fake_grade(name, *, seed, level, features=None):
+        together.wait()
+        return rubric.Scorecard(name, "kernel", [], seed=seed, level=level)
+
+    monkeypatch.setattr(rubric, "grade", fake_grade)
+    cards = run_module.grade(["pallas", "flash"], seed=0, progress=False, known_bad=["zeros", "ignores-causal"])
+    assert [c["candidate"] for c in cards] == ["pallas", "flash", "zeros", "ignores-causal"]
+    assert not together.broken
 
 
 def test_measured_kernels_are_graded_at_the_full_level_and_known_bad_at_quick(monkeypatch):

@@ -161,7 +161,7 @@ def grade_seeds(candidate: str | Candidate, seeds: Sequence[int], *, level: str 
                          f"to {graded_on.function} (its features: {', '.join(graded_on.features)})")
     where = isolations.choose(isolation, is_builtin(cand))
     before = tripwire.snapshot()
-    runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb, isolation=where)
+    runner = Runner(cand, time_limit_s=time_limit_s, memory_limit_gb=memory_limit_gb, isolation=where, level=level)
     cards = []
     try:
         for seed in seeds:

@@ -21,6 +21,7 @@ import time
 import numpy as np
 
 from ..grading.calls import CandidateFailure, TimedOut  # noqa: F401  (re-exported)
+from ..sandbox.cpu_jit import worker_compile_options
 from ..grading.candidates import (Candidate, CandidateLoadError, cpu_compile_options, load_request, names_a_file,
                                   resolve)
 from ..sandbox.isolation import inside_path
@@ -50,8 +51,9 @@ class Runner:
     """
 
     def __init__(self, candidate: str | Candidate, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
-                 memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "process"):
+                 memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "process", level: str = "full"):
         self.candidate = resolve(candidate)
+        self.level = level  # the worker's XLA:CPU options follow it (sandbox.cpu_jit.worker_compile_options)
         self.isolation = isolation  # "bubblewrap" or "process" (sandbox.isolation)
         self.time_limit_s, self.memory_limit_gb = float(time_limit_s), memory_limit_gb
         self.sandbox: Sandbox | None = None
@@ -75,7 +77,7 @@ class Runner:
         begin = time.monotonic()
         self.down = None
         try:
-            load = dict(load_request(self.candidate), cpu_compile=bool(cpu_compile_options()))
+            load = dict(load_request(self.candidate), cpu_compile=worker_compile_options(self.level) if cpu_compile_options() else {})
             target = load.get("spec", "").rpartition(":")[0]
             candidate_file = target if names_a_file(target) else None
             root = self.candidate.root

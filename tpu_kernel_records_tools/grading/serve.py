@@ -5,8 +5,8 @@
 
 - ``load``: the candidate by its spec (a built-in name through ``grading.candidates.resolve``,
   ``/abs/path.py:function`` or ``module:function``; or a function pickled by reference), after adding
-  ``sandbox.cpu_jit.CPU_COMPILE_OPTIONS`` to ``XLA_FLAGS`` when the grader computes on a CPU (the same
-  results, compiled faster); the reply names the features it declares;
+  the XLA:CPU options the grader sends (``sandbox.cpu_jit.worker_compile_options`` of the level) to
+  ``XLA_FLAGS`` when it computes on a CPU (the same results, compiled faster); the reply names the features it declares;
 - ``forward`` (``out``) and ``vjp`` (``out, dq, dk, dv`` through ``jax.vjp``), ``paged`` (``out`` of a paged
   candidate: q, k_pages, v_pages, kv_lengths, page_indices; ``kernel_src.contract``), and ``export`` (the
   candidate's programs per call signature, ``grading.export``: shapes only, no values).
@@ -57,9 +57,9 @@ class AttentionServer(Server):
         return super().handle(header, arrays)
 
     def load(self, header: dict) -> dict:
-        from ..grading.candidates import CPU_COMPILE_OPTIONS, CandidateLoadError, resolve
+        from ..grading.candidates import CandidateLoadError, resolve
         if header.get("cpu_compile"):  # the grader computes on a CPU, so does this worker: before the backend starts
-            _add_xla_flags(CPU_COMPILE_OPTIONS)
+            _add_xla_flags(dict(header["cpu_compile"]))  # sandbox.cpu_jit.worker_compile_options, sent by the grader
         try:
             if header.get("pickled"):
                 import base64

@@ -11,7 +11,9 @@ interrupted or failed run leaves nothing behind.
 
 from __future__ import annotations
 
+import os
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -95,6 +97,16 @@ def _failed_scorecard(candidate: str, error: BaseException) -> dict[str, Any]:
             "error": f"{type(error).__name__}: {error}"[:2000], "checks": []}
 
 
+def grading_workers(candidates: int, platform: str | None = None) -> int:
+    """How many candidates ``grade`` grades at once: one per core on a CPU (each in its own worker process, the
+    grader's side mostly waiting on it or in NumPy and XLA, outside the GIL), one on an accelerator (a worker
+    holds the chip)."""
+    if (platform or jax.default_backend()) != "cpu":
+        return 1
+    return max(1, min(candidates, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else
+                      os.cpu_count() or 1))
+
+
 def grade(kernels: Sequence[str], *, seed: int, progress: bool,
           known_bad: Sequence[str] | None = None, kernel_level: str = "full",
           kernel_features: Mapping[str, Sequence[str]] | None = None) -> list[dict[str, Any]]:
@@ -102,8 +114,8 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
     use, ``builder.verdicts.features_by_candidate``; default every feature it declares; a paged kernel on the paged
     contract, as ``grading.rubric`` grades every paged built-in) and of the known-bad candidates (default:
     every built-in one, the paged ones where a paged kernel is graded; ``()``: none) at the quick level (the base contract and the
-    features their intended checks grade), each candidate in its own worker process; every scorecard
-    says its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
+    features their intended checks grade), each candidate in its own worker process (``grading_workers`` of
+    them at once); every scorecard says its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
     kernels' verdict is the one that counts, so it gets the model-sized problems.
 
     If the rubric itself cannot run, each kernel gets a failed scorecard naming the error, so the
@@ -125,8 +137,13 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
         asked = (lambda name: None) if kernel_features is None else (lambda name: kernel_features.get(name, ()))
         features = {name: asked(name) if name in kernels else
                     [c for c in candidates.resolve(name).catches if c in FEATURES] for name in names}
-        return [rubric.grade(name, seed=seed, level=levels[name], features=features[name]).to_dict()
-                for name in tqdm(names, desc="rubric", unit="candidate", disable=not progress)]
+        with ThreadPoolExecutor(grading_workers(len(names))) as pool, \
+                tqdm(total=len(names), desc="rubric", unit="candidate", disable=not progress) as bar:
+            def one(name: str) -> dict[str, Any]:
+                card = rubric.grade(name, seed=seed, level=levels[name], features=features[name]).to_dict()
+                bar.update()
+                return card
+            return list(pool.map(one, names))
     except Exception as error:  # noqa: BLE001 - recorded in the run, which the builder then rejects
         return [_failed_scorecard(name, error) for name in kernels]
 
