@@ -147,8 +147,8 @@ def test_the_cache_columns_round_trip_and_older_records_keep_them_null(paged):
     card = (paged / "dataset_card.md").read_text().split("<!-- BEGIN GENERATED: paged -->")[1]
     card = card.split("<!-- END GENERATED: paged -->")[0]
     assert "`synthetic-paged`" in card and "yes (not kernel speed)" in card
-    assert "| tpu-v5e, gpu | `llama-3-8b` | 32 / 8 | 128 | — | 16 | 1024 | 64 | 64 | 4096 |" in card
-    assert "| tpu-v5e, gpu | `mistral-7b` | 32 / 8 | 128 | (4095, 0) | 128 | 32768 | 8 | 256 | 2048 |" in card
+    assert "| tpu-v5e, gpu, h100 | `llama-3-8b` | 32 / 8 | 128 | — | 16 | 1024 | 64 | 64 | 4096 |" in card
+    assert "| tpu-v5e, gpu, h100 | `mistral-7b` | 32 / 8 | 128 | (4095, 0) | 128 | 32768 | 8 | 256 | 2048 |" in card
 
 
 def test_correctness_rows_name_the_contract_they_were_graded_on(paged):
