@@ -359,6 +359,42 @@ def test_known_bad_grading_follows_the_profile_unless_told_and_a_skip_is_noted(
     assert ("measured kernels were graded at the quick level" in notes) == (level == "quick")
 
 
+def test_a_deferred_tpu_compile_gives_the_case_what_the_inline_one_gives():
+    from tpu_kernel_records_tools.bench import compiled
+
+    if compiled.unavailable_reason() is not None:
+        pytest.skip(compiled.unavailable_reason())
+    case = next(c for c in build_cases(get_profile("tiny"), ["softmax"], platform="cpu")[0] if c.tpu_fn is not None)
+    inline, inline_files, _ = run_case(case, warmups=0, samples=1, device_kind="cpu", platform="cpu")
+    jobs = []
+    deferred, files, _ = run_case(case, warmups=0, samples=1, device_kind="cpu", platform="cpu", deferred=jobs)
+    assert len(jobs) == 1 and deferred["compiled_tpu"] is None and deferred["compiled_tpu_reason"] is None
+    assert list(deferred) == list(inline)  # the same keys in the same order
+    assert inline["compiled_tpu"]["hlo"] not in files
+    result = BenchmarkResult(cases=[deferred], pairs=[], files=files, pending=jobs)
+    result.finish()
+    assert not result.pending and deferred["compiled_tpu"] == inline["compiled_tpu"]
+    assert result.files[inline["compiled_tpu"]["hlo"]] == inline_files[inline["compiled_tpu"]["hlo"]]
+
+
+def test_measure_times_every_case_before_the_deferred_tpu_compiles_and_records_them(tmp_path, run, monkeypatch):
+    cases = [dict(c) for c in run["benchmark"]["cases"]]
+    target = next(c for c in cases if "compiled_tpu" in c)
+    asked = {}
+
+    def benchmark(*args, **kwargs):
+        asked.update(kwargs)
+        return BenchmarkResult(cases=cases, pairs=list(run["benchmark"]["pairs"]), pending=[
+            lambda files: target.update(compiled_tpu=None, compiled_tpu_reason="compiled after the last sample")])
+
+    monkeypatch.setattr(run_module, "run_benchmark", benchmark)
+    monkeypatch.setattr(run_module, "grade", lambda kernels, **kw: run["correctness"]["scorecards"])
+    folder = run_module.run_measure(tmp_path / "d", profile="tiny", scopes=["softmax"], progress=False)
+    assert asked["defer_tpu"] is True
+    written = {c["case_id"]: c for c in rawio.read_run(folder)["benchmark"]["cases"]}
+    assert written[target["case_id"]]["compiled_tpu_reason"] == "compiled after the last sample"
+
+
 @pytest.mark.parametrize("profile", ["tiny", "cpu", "gpu"])
 def test_a_quick_grade_covers_the_features_each_kernels_rows_use_and_the_full_one_all(
         tmp_path, run, monkeypatch, profile):

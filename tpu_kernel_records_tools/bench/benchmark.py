@@ -45,6 +45,13 @@ class BenchmarkResult:
     pairs: list[dict[str, Any]]
     files: dict[str, bytes] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    pending: list[Callable[[dict[str, bytes]], None]] = field(default_factory=list)  # run_benchmark(defer_tpu=True)
+
+    def finish(self) -> None:
+        """Run the deviceless TPU compiles ``run_benchmark(defer_tpu=True)`` left, in order: each fills its case's
+        ``compiled_tpu`` (or ``compiled_tpu_reason``) and adds the case's compiled HLO to ``files``."""
+        while self.pending:
+            self.pending.pop(0)(self.files)
 
     @property
     def interpret(self) -> bool:
@@ -132,16 +139,30 @@ def _compile_for_tpu(case: Case, timing: Timing, platform: str, unavailable: str
         return None, f"compiling for TPU failed: {_error_text(error)[:500]}", None
 
 
+def _add_tpu_facts(record: dict[str, Any], files: dict[str, bytes], case: Case, timing: Timing | None,
+                   platform: str, unavailable: str | None) -> None:
+    facts, reason, hlo = _compile_for_tpu(case, timing, platform, unavailable)
+    if facts is not None:
+        rel = compiled_hlo_path(case.case_id)
+        files[rel] = evidence.gzip_text(hlo)
+        facts["hlo"] = rel
+    record["compiled_tpu"], record["compiled_tpu_reason"] = facts, reason
+
+
 def run_case(case: Case, *, warmups: int, samples: int, device_kind: str,
              clock: Clock = time.perf_counter,
              sync: Callable[[Any], Any] = block_until_ready, platform: str | None = None,
-             tpu_unavailable: str | None = None) -> tuple[dict[str, Any], dict[str, bytes], list[str]]:
+             tpu_unavailable: str | None = None,
+             deferred: list[Callable[[dict[str, bytes]], None]] | None = None
+             ) -> tuple[dict[str, Any], dict[str, bytes], list[str]]:
     """Measure one case. Returns its record, its evidence files and any notes; never raises
     for a failure of the case itself (the record says ``failed``).
 
     ``platform`` (default: JAX's default backend) decides whether the case gets ``compiled_tpu``
     facts (``has_tpu_program``); ``tpu_unavailable`` is why a v5e program cannot be compiled on
-    this host (``bench.compiled.unavailable_reason()``), ``None`` when it can."""
+    this host (``bench.compiled.unavailable_reason()``), ``None`` when it can. ``deferred``: off a TPU,
+    the deviceless compile is appended there as a job (called with the files dict its HLO goes to)
+    instead of run, and the record's ``compiled_tpu`` stays null until it runs."""
     platform = platform or jax.default_backend()
     record: dict[str, Any] = {
         "case_id": case.case_id, "scope": case.scope, "implementation": case.implementation,
@@ -176,12 +197,11 @@ def run_case(case: Case, *, warmups: int, samples: int, device_kind: str,
         if problem:
             record["status"], record["error"] = "failed", problem
     if has_tpu_program(case, platform):
-        facts, reason, hlo = _compile_for_tpu(case, timing, platform, tpu_unavailable)
-        if facts is not None:
-            rel = compiled_hlo_path(case.case_id)
-            files[rel] = evidence.gzip_text(hlo)
-            facts["hlo"] = rel
-        record["compiled_tpu"], record["compiled_tpu_reason"] = facts, reason
+        if deferred is not None and platform != "tpu":  # the placeholders keep the keys' order
+            record["compiled_tpu"] = record["compiled_tpu_reason"] = None
+            deferred.append(lambda target: _add_tpu_facts(record, target, case, None, platform, tpu_unavailable))
+        else:
+            _add_tpu_facts(record, files, case, timing, platform, tpu_unavailable)
     timing.output = timing.compiled = None
     gc.collect()
     if record["samples_ms"]:
@@ -216,8 +236,13 @@ def pair_record(pair: Pair, by_id: dict[str, dict[str, Any]], seed: int) -> dict
 
 
 def run_benchmark(profile: Profile, scopes: Sequence[str], *, warmups: int, samples: int,
-                  seed: int = 0, progress: bool = True) -> BenchmarkResult:
-    """Build, run and pair every case of ``profile`` over ``scopes`` on the default backend."""
+                  seed: int = 0, progress: bool = True, defer_tpu: bool = False) -> BenchmarkResult:
+    """Build, run and pair every case of ``profile`` over ``scopes`` on the default backend.
+
+    ``defer_tpu``: off a TPU, leave each case's deviceless TPU compile (the costliest part of a CPU run's
+    benchmark after the timing itself) in ``result.pending`` for ``result.finish()``, which the caller may run
+    once every case is timed, beside other work (``measure`` runs it beside the rubric), so that it never
+    shares the machine with a timed sample."""
     platform = jax.default_backend()
     cases, pairs = build_cases(profile, scopes, seed=seed, platform=platform)
     device_kind = jax.devices()[0].device_kind
@@ -230,7 +255,8 @@ def run_benchmark(profile: Profile, scopes: Sequence[str], *, warmups: int, samp
     for case in bar:
         bar.set_postfix_str(case.case_id)
         record, files, notes = run_case(case, warmups=warmups, samples=samples, device_kind=device_kind,
-                                        platform=platform, tpu_unavailable=unavailable)
+                                        platform=platform, tpu_unavailable=unavailable,
+                                        deferred=result.pending if defer_tpu else None)
         result.cases.append(record)
         result.files.update(files)
         result.notes += notes
