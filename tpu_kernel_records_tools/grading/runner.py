@@ -77,7 +77,8 @@ class Runner:
         begin = time.monotonic()
         self.down = None
         try:
-            load = dict(load_request(self.candidate), cpu_compile=worker_compile_options(self.level) if cpu_compile_options() else {})
+            options = worker_compile_options(self.level) if cpu_compile_options() else {}
+            load = dict(load_request(self.candidate), cpu_compile=options)
             target = load.get("spec", "").rpartition(":")[0]
             candidate_file = target if names_a_file(target) else None
             root = self.candidate.root

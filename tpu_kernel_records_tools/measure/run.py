@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from ..measure import environment
 from ..records import rawio
 from ..builder.verdicts import features_by_candidate
-from ..bench.benchmark import BenchmarkResult, run_benchmark
+from ..bench.benchmark import run_benchmark
 from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, PAGED_SCOPES, Profile, get_profile
 from ..bench.profiles import default_profile
 
@@ -115,8 +115,8 @@ def grade(kernels: Sequence[str], *, seed: int, progress: bool,
     contract, as ``grading.rubric`` grades every paged built-in) and of the known-bad candidates (default:
     every built-in one, the paged ones where a paged kernel is graded; ``()``: none) at the quick level (the base contract and the
     features their intended checks grade), each candidate in its own worker process (``grading_workers`` of
-    them at once); every scorecard says its ``level``. The known-bad ones only show that the rubric still rejects them here; the measured
-    kernels' verdict is the one that counts, so it gets the model-sized problems.
+    them at once); every scorecard says its ``level``. The known-bad ones only show that the rubric still
+    rejects them here; the measured kernels' verdict is the one that counts, so it gets the model-sized problems.
 
     If the rubric itself cannot run, each kernel gets a failed scorecard naming the error, so the
     run is still written and honestly rejected by the builder.
