@@ -79,6 +79,52 @@ window_size=None, softcap=None, sinks=None) -> out``
   order; a permutation of the pool with the table permuted alike changes no bit of the output.
 * Grouped-query heads as in ``attention``; all float32 or all bfloat16 (the pool in the input dtype);
   the same precision rules. Forward only: no gradients are graded.
+
+The ragged paged contract (one call over a serving engine's step: decode rows, chunks of prefill and whole
+prompts over one paged, possibly quantized cache; names follow JAX's ``ragged_paged_attention``):
+
+``ragged_paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, cu_q_lens, num_seqs,
+scale=None, causal=True, window_size=None, softcap=None, sinks=None, k_scale=None, v_scale=None) -> out``
+
+- ``q``: ``[num_tokens, num_q_heads, head_dim]``, the new tokens of every sequence one after another
+  (float32 or bfloat16); ``out`` has ``q``'s shape and dtype.
+- ``k_pages``, ``v_pages``: ``[num_pages, page_size, num_kv_heads, head_dim]``, the pool of
+  ``paged_attention``; ``page_indices``: int32 ``[max_seqs, pages_per_sequence]``; ``kv_lengths``: int32
+  ``[max_seqs]``; ``cu_q_lens``: int32 ``[max_seqs + 1]``; ``num_seqs``: int32 ``[1]``, with
+  ``num_seqs[0] <= max_seqs``.
+- Sequence ``i < num_seqs[0]`` owns rows ``cu_q_lens[i] <= r < cu_q_lens[i + 1]``: ``cu_q_lens[0] = 0``,
+  non-decreasing up to index ``num_seqs[0]``, and ``cu_q_lens[num_seqs[0]] <= num_tokens``;
+  ``q_len_i = cu_q_lens[i+1] - cu_q_lens[i]`` with ``0 <= q_len_i <= kv_lengths[i] <=
+  pages_per_sequence * page_size``. Key ``t`` of sequence ``i`` is
+  ``k_pages[page_indices[i, t // page_size], t % page_size]`` for ``t < kv_lengths[i]``.
+- Row ``cu_q_lens[i] + j`` sits at position ``p = kv_lengths[i] - q_len_i + j`` (the new tokens are the
+  sequence's last ``q_len_i``, as in ``paged_attention``); ``causal`` (default True) hides keys ``t > p``;
+  ``window_size``, ``softcap`` and ``sinks`` mean exactly what they mean for ``attention`` (features
+  ``"window"``, ``"softcap"``, ``"sinks"``, declared the same way). Every graded row sees at least its own
+  key. Decode rows (``q_len_i = 1``), chunks of prefill (``1 < q_len_i < kv_lengths[i]``) and whole
+  prompts (``q_len_i = kv_lengths[i]``) mix in one call; a sequence may have ``q_len_i = 0``. Grouped-query
+  heads as in ``attention``.
+- Rows ``r >= cu_q_lens[num_seqs[0]]`` are padding: their inputs may hold anything (NaN and Inf
+  included), their output is not graded, and nothing in them may change a bit of a graded row.
+  Entries of ``kv_lengths`` and ``page_indices`` at or after index ``num_seqs[0]``, entries of ``cu_q_lens``
+  after index ``num_seqs[0]``, and table entries past a sequence's last page hold anything in range
+  (``kv_lengths`` in ``[0, pages_per_sequence * page_size]``, ``cu_q_lens`` in ``[0, num_tokens]`` and not
+  necessarily sorted, ``page_indices`` in ``[0, num_pages)``). Pool slots that no graded key reads hold
+  any value the pool's dtype can (NaN and Inf where it has them). Pages may be shared between
+  sequences (prefix caching) and appear in any order: a permutation of the pool with the table permuted
+  alike changes no bit of a graded row.
+- Quantized cache (feature ``"quantized_kv"``, for ``paged_attention`` too): ``k_pages`` and ``v_pages``
+  are both ``float8_e4m3fn`` or both ``int8``, and ``k_scale``, ``v_scale`` are both given (a Python float or a
+  0-d float32 array, possibly traced): key ``t``'s value is ``float32(stored) * k_scale`` computed in
+  float32 (a value's likewise with ``v_scale``), and may be rounded to ``q``'s dtype before the matmuls,
+  as JAX's ``ref_ragged_paged_attention`` does (the tolerance allows that rounding, as it allows the
+  others the contract names). The truth dequantizes the same stored numbers in float64, so the kernel
+  is charged only for what it does after dequantizing. Without the feature the pool has
+  ``q``'s dtype and both scales are None.
+- Forward only; fp32 logits, statistics and accumulation; the precision rules of ``attention``.
+
+``RAGGED_FEATURES`` are the features that apply to it; ``check_ragged_inputs`` validates a call's shapes and
+dtypes (values may be traced, so they are not checked) and ``dequantize`` is the quantized cache's rule.
 """
 
 from __future__ import annotations
@@ -92,6 +138,10 @@ import jax.numpy as jnp
 SUPPORTED_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16))
 FEATURES = ("window", "softcap", "segments", "sinks")  # in this order wherever features are listed
 PAGED_FEATURES = ("window", "softcap", "sinks")  # the features that apply to paged_attention
+QUANTIZED_KV = "quantized_kv"  # a pool stored in float8_e4m3fn or int8 with k_scale and v_scale (paged contracts only)
+FEATURE_NAMES = (*FEATURES, QUANTIZED_KV)  # every feature of any contract, in the order they are listed
+RAGGED_FEATURES = ("window", "softcap", "sinks", QUANTIZED_KV)  # the features of ragged_paged_attention
+QUANTIZED_DTYPES = (jnp.dtype(jnp.float8_e4m3fn), jnp.dtype(jnp.int8))  # a quantized pool's dtypes
 FEATURE_ARGUMENTS = {"window": ("window_size",), "softcap": ("softcap",),
                      "segments": ("q_segment_ids", "kv_segment_ids"), "sinks": ("sinks",)}
 Window = tuple[int | None, int | None]
@@ -210,20 +260,132 @@ def check_paged_features(dims: PagedDims, *, window_size=None, softcap=None, sin
                                dims.head_dim), window_size=window_size, softcap=softcap, sinks=sinks)
 
 
+class RaggedDims(NamedTuple):
+    """The dimensions of one ``ragged_paged_attention`` call; ``kv_dtype`` is the pool's dtype (q's unless quantized)."""
+
+    num_tokens: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    num_pages: int
+    page_size: int
+    max_seqs: int
+    pages_per_sequence: int
+    kv_dtype: str
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def max_length(self) -> int:
+        """The most keys a sequence's table can hold: ``pages_per_sequence * page_size``."""
+        return self.pages_per_sequence * self.page_size
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the pool is stored quantized (feature ``"quantized_kv"``)."""
+        return jnp.dtype(self.kv_dtype) in QUANTIZED_DTYPES
+
+
+def _int_array(name: str, x: Any, shape: tuple[int, ...], axes: str) -> None:
+    if x is None:
+        raise ValueError(f"{name} is required: int32 {axes}")
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or not jnp.issubdtype(dtype, jnp.integer):
+        raise TypeError(f"{name} must be an int32 array {axes}, got {getattr(x, 'dtype', type(x).__name__)}")
+    if tuple(x.shape) != shape:
+        raise ValueError(f"{name} must have shape {axes}={shape}, got {tuple(x.shape)}")
+
+
+def check_kv_scales(q_dtype: Any, k_pages: jax.Array, v_pages: jax.Array, k_scale: Any, v_scale: Any) -> bool:
+    """Validate the pool's dtypes and scales (feature ``"quantized_kv"``); True when the pool is quantized.
+
+    Unquantized: both pools in ``q``'s dtype and both scales None. Quantized: both pools ``float8_e4m3fn`` or both
+    ``int8`` and both scales given (a Python float or a 0-d float array). ``TypeError``/``ValueError`` otherwise."""
+    kd, vd = jnp.dtype(k_pages.dtype), jnp.dtype(v_pages.dtype)
+    if kd != vd:
+        raise TypeError(f"k_pages and v_pages must share a dtype, got {kd} and {vd}")
+    if kd not in QUANTIZED_DTYPES:
+        if kd != jnp.dtype(q_dtype):
+            raise TypeError(f"the pool must be in q's dtype ({jnp.dtype(q_dtype)}) or quantized (float8_e4m3fn, "
+                            f"int8), got {kd}")
+        if k_scale is not None or v_scale is not None:
+            raise ValueError("k_scale and v_scale apply to a quantized pool (float8_e4m3fn or int8) only")
+        return False
+    for name, x in (("k_scale", k_scale), ("v_scale", v_scale)):
+        if x is None:
+            raise ValueError(f"a {kd} pool needs both k_scale and v_scale (float32 scalars); {name} is None")
+        if getattr(x, "shape", ()) != () or (hasattr(x, "dtype") and not jnp.issubdtype(x.dtype, jnp.floating)):
+            raise ValueError(f"{name} must be a Python float or a 0-d float32 array, got {x!r}"[:200])
+    return True
+
+
+def dequantize(pages: jax.Array, scale: Any) -> jax.Array:
+    """A quantized pool's values: ``float32(stored) * float32(scale)``, computed in float32 (the contract's rule)."""
+    return pages.astype(jnp.float32) * jnp.asarray(scale, jnp.float32)
+
+
+def check_ragged_inputs(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, kv_lengths: jax.Array,
+                        page_indices: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array, k_scale: Any = None,
+                        v_scale: Any = None) -> RaggedDims:
+    """Validate shapes and dtypes against the ragged paged contract; return the call's dimensions.
+
+    Raises ``ValueError`` (``TypeError`` for dtypes) with a one-line message naming the offending argument.
+    Values (lengths, offsets, indices, ``num_seqs``) are not checked: they may be traced."""
+    if getattr(q, "ndim", None) != 3:
+        raise ValueError(f"q must be 3-D [num_tokens, num_q_heads, head_dim], got shape "
+                         f"{tuple(getattr(q, 'shape', ()))}")
+    if jnp.dtype(q.dtype) not in SUPPORTED_DTYPES:
+        raise TypeError(f"q must be bfloat16 or float32, got {q.dtype}")
+    for name, x in (("k_pages", k_pages), ("v_pages", v_pages)):
+        if getattr(x, "ndim", None) != 4:
+            raise ValueError(f"{name} must be 4-D [num_pages, page_size, num_kv_heads, head_dim], got shape "
+                             f"{tuple(getattr(x, 'shape', ()))}")
+    if k_pages.shape != v_pages.shape:
+        raise ValueError(f"k_pages and v_pages must have the same shape, got {tuple(k_pages.shape)} and "
+                         f"{tuple(v_pages.shape)}")
+    check_kv_scales(q.dtype, k_pages, v_pages, k_scale, v_scale)
+    num_tokens, hq, d = q.shape
+    num_pages, page_size, hk, kd = k_pages.shape
+    if kd != d:
+        raise ValueError(f"q {tuple(q.shape)} and k_pages {tuple(k_pages.shape)} must agree on head_dim")
+    if num_pages < 1 or page_size < 1:
+        raise ValueError(f"k_pages must hold at least one page of at least one slot, got {tuple(k_pages.shape)}")
+    if hk == 0 or hq % hk:
+        raise ValueError(f"num_q_heads ({hq}) must be a multiple of num_kv_heads ({hk})")
+    if getattr(page_indices, "ndim", None) != 2 or page_indices.shape[0] < 1 or page_indices.shape[1] < 1:
+        raise ValueError(f"page_indices must be int32 [max_seqs >= 1, pages_per_sequence >= 1], got shape "
+                         f"{tuple(getattr(page_indices, 'shape', ()))}")
+    max_seqs, pps = (int(x) for x in page_indices.shape)
+    _int_array("page_indices", page_indices, (max_seqs, pps), "[max_seqs, pages_per_sequence]")
+    _int_array("kv_lengths", kv_lengths, (max_seqs,), "[max_seqs]")
+    _int_array("cu_q_lens", cu_q_lens, (max_seqs + 1,), "[max_seqs + 1]")
+    _int_array("num_seqs", num_seqs, (1,), "[1]")
+    return RaggedDims(num_tokens, hq, hk, d, num_pages, page_size, max_seqs, pps, str(jnp.dtype(k_pages.dtype)))
+
+
+def check_ragged_features(dims: RaggedDims, *, window_size=None, softcap=None, sinks=None) -> Window | None:
+    """``check_features`` for the ragged contract (no segment ids); returns the window or None."""
+    return check_features(Dims(1, dims.num_tokens, dims.max_length, dims.num_q_heads, dims.num_kv_heads,
+                               dims.head_dim), window_size=window_size, softcap=softcap, sinks=sinks)
+
+
 def default_scale(head_dim: int, scale: float | None) -> float:
     """The softmax scale: ``head_dim ** -0.5`` unless given."""
     return head_dim ** -0.5 if scale is None else float(scale)
 
 
 def canonical_features(names: Iterable[str]) -> tuple[str, ...]:
-    """``names`` in ``FEATURES`` order, each once; ``ValueError`` for a name that is not a feature."""
+    """``names`` in ``FEATURE_NAMES`` order, each once; ``ValueError`` for a name that is not a feature."""
     if isinstance(names, str):
         names = (names,)
     names = list(names)
-    unknown = [n for n in names if not isinstance(n, str) or n not in FEATURES]
+    unknown = [n for n in names if not isinstance(n, str) or n not in FEATURE_NAMES]
     if unknown:
-        raise ValueError(f"unknown feature {str(unknown[0])[:40]!r}: the features are {', '.join(FEATURES)}")
-    return tuple(f for f in FEATURES if f in names)
+        raise ValueError(f"unknown feature {str(unknown[0])[:40]!r}: the features are {', '.join(FEATURE_NAMES)}")
+    return tuple(f for f in FEATURE_NAMES if f in names)
 
 
 def declared_features(fn: Any) -> tuple[str, ...]:

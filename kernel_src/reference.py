@@ -5,8 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernel_src.contract import (FEATURES, PAGED_FEATURES, Window, check_features, check_inputs, check_paged_features,
-                                 check_paged_inputs, default_scale, visibility_mask, visible)
+from kernel_src.contract import (FEATURES, PAGED_FEATURES, RAGGED_FEATURES, Window, check_features, check_inputs,
+                                 check_paged_features, check_paged_inputs, check_ragged_features, check_ragged_inputs,
+                                 default_scale, dequantize, visibility_mask, visible)
 
 _HIGHEST = jax.lax.Precision.HIGHEST
 
@@ -139,3 +140,67 @@ def reference_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Arr
 
 
 reference_paged_attention.features = PAGED_FEATURES
+
+
+def reference_ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *, kv_lengths: jax.Array,
+                                     page_indices: jax.Array, cu_q_lens: jax.Array, num_seqs: jax.Array,
+                                     scale: float | None = None, causal: bool = True,
+                                     window_size: Window | None = None, softcap: float | None = None,
+                                     sinks: jax.Array | None = None, k_scale=None, v_scale=None) -> jax.Array:
+    """The ragged paged contract (``kernel_src.contract``) in plain JAX: each row gathers its sequence's table.
+
+    Args:
+      q: ``[num_tokens, num_q_heads, head_dim]``, bf16 or fp32: sequence ``i < num_seqs[0]`` owns rows
+        ``cu_q_lens[i] <= r < cu_q_lens[i + 1]``; later rows are padding.
+      k_pages, v_pages: ``[num_pages, page_size, num_kv_heads, head_dim]`` in q's dtype, or both float8_e4m3fn
+        or both int8 with ``k_scale``, ``v_scale`` (float32 scalars): a key is ``float32(stored) * k_scale``.
+      kv_lengths: int ``[max_seqs]``; page_indices: int ``[max_seqs, pages_per_sequence]``; cu_q_lens: int
+        ``[max_seqs + 1]``; num_seqs: int ``[1]``. Entries past ``num_seqs[0]`` are never read as a sequence's.
+      scale, causal, window_size, softcap, sinks: as in ``reference_attention``, with row ``cu_q_lens[i] + j`` at
+        position ``kv_lengths[i] - q_len_i + j``.
+
+    Returns:
+      ``[num_tokens, num_q_heads, head_dim]`` in q's dtype: fp32 logits, statistics and accumulation, a
+      dequantized pool rounded to q's dtype before the matmuls (as JAX's ``ref_ragged_paged_attention``).
+      Keys past a length are replaced by zeros with ``where`` before any product and each row is computed
+      on its own, so nothing in a slot no key is on, or in a padding row, reaches a graded row; padding rows
+      are zeros.
+    """
+    dims = check_ragged_inputs(q, k_pages, v_pages, kv_lengths, page_indices, cu_q_lens, num_seqs, k_scale, v_scale)
+    window = check_ragged_features(dims, window_size=window_size, softcap=softcap, sinks=sinks)
+    scale = default_scale(dims.head_dim, scale)
+    t, hk, g, d, span = dims.num_tokens, dims.num_kv_heads, dims.group, dims.head_dim, dims.max_length
+    owner, graded = row_owners(cu_q_lens, num_seqs, t)
+    cu = cu_q_lens.astype(jnp.int32)
+    length = kv_lengths.astype(jnp.int32)[owner]  # [t]: the row's sequence's length, its q_len and position
+    position = length - (cu[owner + 1] - cu[owner]) + jnp.arange(t) - cu[owner]
+    if dims.quantized:
+        k_pages, v_pages = (dequantize(x, s).astype(q.dtype) for x, s in ((k_pages, k_scale), (v_pages, v_scale)))
+    j = jnp.arange(span)
+    exists = (j[None, :] < length[:, None])[:, :, None, None]  # [t, span, 1, 1]
+    pages = page_indices.astype(jnp.int32)[owner]  # [t, pages_per_sequence]
+    k = jnp.where(exists, k_pages[pages].reshape(t, span, hk, d), 0)
+    v = jnp.where(exists, v_pages[pages].reshape(t, span, hk, d), 0)
+    logits = jnp.einsum("thgd,tkhd->thgk", q.reshape(t, hk, g, d), k, precision=_HIGHEST,
+                        preferred_element_type=jnp.float32) * scale
+    if softcap is not None:
+        logits = softcap * jnp.tanh(logits / softcap)
+    mask = visible(position[:, None], j[None, :], span, span, causal, length[:, None], window)  # [t, span]
+    p = _softmax_where(logits[:, :, :, None], mask[:, None, None, None], None if sinks is None else
+                       sinks.reshape(hk, g))[:, :, :, 0]
+    out = jnp.einsum("thgk,tkhd->thgd", p, v.astype(jnp.float32), precision=_HIGHEST)
+    return jnp.where(graded[:, None, None], out.reshape(q.shape), 0).astype(q.dtype)
+
+
+reference_ragged_paged_attention.features = RAGGED_FEATURES
+
+
+def row_owners(cu_q_lens: jax.Array, num_seqs: jax.Array, num_tokens: int) -> tuple[jax.Array, jax.Array]:
+    """``(owner, graded)``: int32 ``[num_tokens]``, the sequence each row belongs to (0 for a padding row), and
+    bool ``[num_tokens]``, whether it belongs to one. Only entries ``cu_q_lens[: num_seqs[0] + 1]`` are read as
+    boundaries, so whatever follows them changes nothing."""
+    cu = cu_q_lens.astype(jnp.int32)
+    i = jnp.arange(cu.shape[0] - 1)
+    r = jnp.arange(num_tokens)[:, None]
+    belongs = (i[None, :] < num_seqs.astype(jnp.int32)[0]) & (cu[None, :-1] <= r) & (r < cu[None, 1:])
+    return jnp.sum(jnp.where(belongs, i[None, :], 0), axis=1).astype(jnp.int32), jnp.any(belongs, axis=1)
