@@ -37,8 +37,8 @@ class Implementation:
       softmax_target: ``"module:attribute"`` of its masked softmax alone, for the ``softmax``
         scope (``[batch, heads, q_len, kv_len]`` logits in, fp32 probabilities out).
       contract: whether ``load()`` gives ``attention(q, k, v, *, causal, kv_lengths, scale)``;
-        ``sharded`` instead takes the contract kernel to shard as its first argument, and a paged
-        implementation the paged contract's arguments.
+        ``sharded`` instead takes the contract kernel to shard as its first argument, a paged
+        implementation the paged contract's arguments, a ``ragged-*`` one the ragged contract's.
       paged: ``None``, or the pool layout ``load()``'s paged attention takes: ``"pages-first"`` (the
         paged contract's ``paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, ...)``,
         pools ``[num_pages, page_size, num_kv_heads, head_dim]``) or ``"heads-first"`` (JAX's
@@ -138,6 +138,17 @@ IMPLEMENTATIONS: dict[str, Implementation] = {impl.name: impl for impl in (
         "JAX's Pallas TPU paged_attention (jax.experimental.pallas.ops.tpu.paged_attention) on its own "
         "[kv heads, pages, page_size, head_dim] pools; q_len 1, no window.",
         scopes=("paged-decode",), pallas=True, platforms=("tpu",), contract=False, paged="heads-first"),
+    # The ragged contract (kernel_src.contract.ragged_paged_attention): one call per serving step.
+    Implementation(
+        "ragged-pallas", "kernel_src.ragged:ragged_paged_attention_tpu", "kernel",
+        "Pallas TPU ragged paged attention: the step's work list and page table in scalar prefetch, only "
+        "the pages each row block sees DMA'd, int8/fp8 pages dequantized in VMEM (interpret mode on a CPU).",
+        scopes=(), pallas=True, grading_name="ragged-pallas", platforms=("cpu", "tpu"), contract=False),
+    Implementation(
+        "ragged-triton", "kernel_src.ragged:ragged_paged_attention_triton", "kernel",
+        "The ragged kernel's GPU family (Triton): each row block's visible keys gathered through the page "
+        "table with masked loads, dequantized in registers.",
+        scopes=(), pallas=True, grading_name="ragged-triton", platforms=("gpu",), contract=False),
 )}
 
 

@@ -1,0 +1,195 @@
+"""What both ragged lowerings share: block sizes, the call's plan, the work list, the mask.
+
+Work items. The ragged batch is cut, outside the kernels (XLA), into work items of at most
+``block_q`` consecutive rows of one sequence: sequence ``i`` (of the first ``num_seqs[0]``) gives
+``ceil(q_len_i / block_q)`` of them, an empty one none. Their number is bounded statically by
+``ceil(num_tokens / block_q) + min(max_seqs, num_tokens)`` (``RaggedPlan.items``); the items past
+the last real one have length 0 and compute nothing. Per item four int32 scalars describe it
+(``Items``): its sequence (for the page table), the sequence's ``kv_length`` and ``q_len`` and
+``j0``, the index of its first row among the sequence's new rows.
+
+Rows. An item's rows are gathered from ``q`` into a ``[block_q, num_q_heads, head_dim]`` block
+(rows of no sequence are zeros, so a NaN in a padding row of ``q`` is never read by a kernel),
+which is the paged kernels' ``[batch, q_len, hq, d]`` with ``batch = items`` and ``q_len =
+block_q``: ``kernel_src.paged.plan.to_rows`` lays it out as one tile of ``group * block_q`` rows
+per kv head, and the output goes back the same way and is scattered to the item's rows of the
+result (rows of no sequence come out zeros). Row ``i`` of an item sits at position
+``kv_length - q_len + j0 + i``.
+
+Keys. The keys an item's rows may see are ``[start, end)`` (``key_range``): ``start`` is 0, or
+with a left window bound its first row's ``position - left``; ``end`` is the length, or under
+``causal`` its last row's position + 1 (or, not causal, with a right bound ``position + right +
+1``). Kernels read only the pages holding those keys: a decode row reads its sequence's pages
+once; a chunk of prefill does not read the pages past its last row.
+
+Dequantizing (``quantized``): int8 or float8_e4m3fn pools; a key is ``float32(stored) *
+k_scale`` (a value ``* v_scale``), rounded to ``q``'s dtype before the matmuls.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from kernel_src import contract
+from kernel_src.contract import Window
+from kernel_src.paged.plan import PagedBlockSizes, div_up, row_index
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedBlockSizes(PagedBlockSizes):
+    """``PagedBlockSizes``'s keys per step (Mosaic: pages per grid step; Triton: ``block_k`` keys
+    per loop iteration) and the rows of one work item; they change speed, not results.
+
+    Attributes:
+      block_q: rows (new tokens) of one sequence per work item, >= 1. A decode row takes an
+        item alone, so a large ``block_q`` pads decode batches; a small one re-reads a long
+        prompt's pages once per item.
+    """
+
+    block_q: int = 16
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not isinstance(self.block_q, int) or isinstance(self.block_q, bool) or self.block_q < 1:
+            raise ValueError(f"block_q must be an int >= 1, got {self.block_q!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RaggedPlan:
+    """Static facts of one ragged call: the problem's sizes, its features, how to lower."""
+
+    num_tokens: int
+    max_seqs: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    page_size: int
+    pages_per_sequence: int
+    num_pages: int
+    causal: bool
+    scale: float
+    interpret: Any
+    block_q: int
+    rows_pad: int  # rows of a tile, padded (``paged.plan.tile_rows``)
+    window: Window | None = None
+    softcap: float | None = None
+    sinks: bool = False
+    quantized: bool = False
+
+    @property
+    def group(self) -> int:
+        """Query heads per kv head."""
+        return self.num_q_heads // self.num_kv_heads
+
+    @property
+    def q_len(self) -> int:
+        """Rows per query head in a tile (``block_q``): the name ``paged.plan``'s row helpers
+        (``row_index``, ``row_sinks``) read."""
+        return self.block_q
+
+    @property
+    def rows(self) -> int:
+        """Real rows of one kv head's tile: its group's query heads times ``block_q``."""
+        return self.group * self.block_q
+
+    @property
+    def max_len(self) -> int:
+        """The most keys a sequence can hold: its table's pages, full."""
+        return self.pages_per_sequence * self.page_size
+
+    @property
+    def items(self) -> int:
+        """The static number of work items: enough for any ragged batch of these sizes."""
+        return -(-self.num_tokens // self.block_q) + min(self.max_seqs, self.num_tokens)
+
+
+class Items(NamedTuple):
+    """The work list, int32 ``[items]`` each (``schedule``), and the rows it covers."""
+
+    seq: jax.Array  # the item's sequence (a row of the page table)
+    length: jax.Array  # the sequence's kv_length; 0 for an item past the last
+    q_len: jax.Array  # the sequence's new rows; 0 for an item past the last
+    j0: jax.Array  # the item's first row among them
+    tokens: jax.Array  # int32 [items, block_q]: the row of q each item row reads
+    real: jax.Array  # bool [items, block_q]: whether it is a row of the sequence
+
+
+def schedule(cu_q_lens, kv_lengths, num_seqs, plan: RaggedPlan) -> Items:
+    """The work items of a ragged batch (module docstring). Entries at or past ``num_seqs[0]``
+    are never read; lengths are clipped to the table, ``cu_q_lens`` to ``[0, num_tokens]``."""
+    s, t, bq = plan.max_seqs, plan.num_tokens, plan.block_q
+    n = jnp.clip(num_seqs.reshape(-1)[0].astype(jnp.int32), 0, s)
+    seq_real = jnp.arange(s) < n
+    cu = jnp.clip(cu_q_lens.astype(jnp.int32), 0, t)
+    starts, ends = cu[:s], jnp.maximum(cu[1:s + 1], cu[:s])
+    q_lens = jnp.where(seq_real, ends - starts, 0)
+    lengths = jnp.where(seq_real, jnp.clip(kv_lengths.astype(jnp.int32), 0, plan.max_len), 0)
+    last = jnp.cumsum(div_up(q_lens, bq))  # one past each sequence's last item
+    w = jnp.arange(plan.items, dtype=jnp.int32)
+    seq = jnp.minimum(jnp.searchsorted(last, w, side="right"), s - 1).astype(jnp.int32)
+    item_real = w < last[-1]
+    j0 = (w - (last[seq] - div_up(q_lens[seq], bq))) * bq
+    q_len = jnp.where(item_real, q_lens[seq], 0)
+    j = j0[:, None] + jnp.arange(bq, dtype=jnp.int32)
+    return Items(seq, jnp.where(item_real, lengths[seq], 0), q_len, jnp.where(item_real, j0, 0),
+                 jnp.clip(starts[seq][:, None] + j, 0, t - 1), j < q_len[:, None])
+
+
+def gather_rows(q: jax.Array, items: Items) -> jax.Array:
+    """``q [num_tokens, hq, d]`` as the items' blocks ``[items, block_q, hq, d]``, zeros where no
+    row of a sequence is."""
+    return jnp.where(items.real[:, :, None, None], q[items.tokens], jnp.zeros((), q.dtype))
+
+
+def scatter_rows(blocks: jax.Array, items: Items, num_tokens: int) -> jax.Array:
+    """The inverse of ``gather_rows``: ``[items, block_q, hq, d]`` to ``[num_tokens, hq, d]``,
+    zeros on rows of no sequence (each real row belongs to exactly one item)."""
+    rows = jnp.where(items.real, items.tokens, num_tokens).reshape(-1)
+    out = jnp.zeros((num_tokens, *blocks.shape[2:]), blocks.dtype)
+    return out.at[rows].set(blocks.reshape(-1, *blocks.shape[2:]), mode="drop")
+
+
+def key_range(length, q_len, j0, plan: RaggedPlan):
+    """``(start, end)``: the keys any row of an item may see (module docstring); ``end <= start``
+    when it sees none."""
+    first = length - q_len + j0  # the item's first row's position
+    last = first + jnp.minimum(q_len - j0, plan.block_q) - 1
+    left, right = plan.window if plan.window is not None else (None, None)
+    start = jnp.zeros_like(length) if left is None else jnp.maximum(first - left, 0)
+    end = length
+    if plan.causal:
+        end = jnp.minimum(end, last + 1)
+    elif right is not None:
+        end = jnp.minimum(end, last + right + 1)
+    return start, end
+
+
+def visible(rows, keys, length, q_len, j0, plan: RaggedPlan):
+    """Whether tile rows ``rows`` see keys ``keys`` (int32 arrays broadcasting together) of an
+    item (``length``, ``q_len``, ``j0``): the length, bottom-right causal, the window; a padded
+    row, or one past the sequence's rows, sees nothing."""
+    _, i = row_index(rows, plan)
+    position = length - q_len + j0 + i
+    ok = (keys < length) & (rows < plan.rows) & (j0 + i < q_len)
+    if plan.causal:
+        ok = ok & (keys <= position)
+    if plan.window is not None:
+        left, right = plan.window
+        if left is not None:
+            ok = ok & (keys >= position - left)
+        if right is not None:
+            ok = ok & (keys <= position + right)
+    return ok
+
+
+def dequantize(x: jax.Array, scale, dtype) -> jax.Array:
+    """Stored keys or values as ``dtype``: ``float32(x) * scale`` rounded to it where ``scale``
+    is given (a quantized pool), else ``x`` as it is."""
+    if scale is None:
+        return x
+    return contract.dequantize(x, scale).astype(dtype)
+
