@@ -69,7 +69,8 @@ def test_newest_rejected_then_0_6_2_used(tmp_path):
         ("0.10.2", "0.0.15", "rejected"), ("0.6.2", "0.0.17", "used")]
     assert "newer version than libtpu" in records[0]["error"] and records[1]["error"] is None
     # the project goes in without dependencies, after the JAX was chosen, and measure sees the attempts
-    assert image.pip_calls[-1] == ["--no-deps", "/kaggle/input/src/tpu_kernel_records-0.1.0-py3-none-any.whl"]
+    assert image.pip_calls[-2:] == [list(rk.PROJECT_DEPS),
+                                    ["--no-deps", "/kaggle/input/src/tpu_kernel_records-0.1.0-py3-none-any.whl"]]
     assert image.measured == [(tmp_path, records)]
 
 
@@ -165,3 +166,14 @@ def test_the_smoke_test_runs_a_pallas_kernel_and_checks_its_result():
     assert kernel_line in rk.SMOKE_TEST
     with pytest.raises(rk.StepFailed, match="wrong Pallas result"):
         _smoke_on_cpu(lambda code: code.replace(kernel_line, "o_ref[...] = jnp.exp(x_ref[...]) * 2.001"))
+
+
+def test_the_project_dependencies_installed_on_kaggle_are_pyprojects_but_jax():
+    """The project installs with --no-deps (the smoke-tested JAX stays), so every other dependency must be
+    installed first: a missing one (pyseccomp: the worker's filter; flatbuffers: submitted programs) breaks the
+    measure job on the TPU only."""
+    import tomllib
+
+    declared = tomllib.loads((KAGGLE_DIR.parent.parent / "pyproject.toml").read_text())["project"]["dependencies"]
+    not_jax = [d for d in declared if not d.startswith(("jax>", "jax=", "jaxlib"))]
+    assert list(rk.PROJECT_DEPS) == not_jax

@@ -31,7 +31,11 @@ PROJECT_SPEC: str | None = None  # e.g. "git+https://github.com/<you>/tpu-kernel
 PROJECT_ENV = "TPU_KERNEL_RECORDS_PROJECT"
 BOOTSTRAP_ENV = "TPU_KERNEL_RECORDS_BOOTSTRAP"
 LIBTPU_RELEASES = "https://storage.googleapis.com/jax-releases/libtpu_releases.html"
-PROJECT_DEPS = ("jsonschema>=4.18", "tqdm>=4.66")
+# pyproject.toml's dependencies but JAX's (the project installs with --no-deps, so the JAX the smoke test chose
+# stays); tests/test_kaggle_runner.py holds the two lists equal
+PROJECT_DEPS = ("numpy>=1.26", "pyarrow>=15", "datasets>=3.0", "huggingface_hub>=0.24", "tqdm>=4.66", "jsonschema>=4.18",
+                "matplotlib>=3.8", "psutil>=5.9", "filelock>=3.12", "PyYAML>=6", "dask[distributed]>=2024.1",
+                "flatbuffers>=24", "pyseccomp>=0.1.2; sys_platform == 'linux'")
 MAX_ERROR_CHARS = 4000
 
 
