@@ -27,8 +27,9 @@ def test_a_candidate_is_graded_on_its_own_contract_else_the_one_asked_for():
     assert contracts.of(resolve("reference"), "paged") is contracts.PAGED
     assert contracts.of(resolve("paged-reference")) is contracts.PAGED
     assert contracts.of(resolve("paged-reference"), "attention") is contracts.PAGED
-    with pytest.raises(ValueError, match="attention, paged"):
-        contracts.get("ragged")
+    assert contracts.of(resolve("ragged-reference"), "paged") is contracts.RAGGED
+    with pytest.raises(ValueError, match="attention, paged, ragged"):
+        contracts.get("sparse")
 
 
 def test_a_features_check_is_named_by_its_contracts_prefix():
@@ -42,7 +43,10 @@ def test_the_flags_select_their_contract_and_reach_both_commands():
     assert contracts.flagged(argparse.Namespace(paged=True)) == "paged"
     assert contracts.flagged(argparse.Namespace(paged=False)) is None
     flags = [c.flag for c in contracts.CONTRACTS.values() if c.flag]
-    assert flags == ["--paged"]
+    assert flags == ["--paged", "--ragged"]
+    assert contracts.flagged(argparse.Namespace(paged=False, ragged=True)) == "ragged"
+    with pytest.raises(ValueError, match="choose one contract"):
+        contracts.flagged(argparse.Namespace(paged=True, ragged=True))
     assert all(f in rubric_cli._parser().format_help() for f in flags)
 
 

@@ -27,3 +27,6 @@ class Calls(Protocol):
 
     def paged_forward(self, p) -> np.ndarray:
         """The output [batch, q_len, q_heads, head_dim] on the paged problem ``p``."""
+
+    def ragged_forward(self, p) -> np.ndarray:
+        """The output [num_tokens, q_heads, head_dim] on the ragged problem ``p``."""

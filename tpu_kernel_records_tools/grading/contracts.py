@@ -1,5 +1,5 @@
-"""The contracts the rubric grades, each declared once: adding one is a folder beside ``dense/`` and ``paged/``
-(slots, problems, truth, checks, known_bad, signature) and one line in :data:`CONTRACTS`.
+"""The contracts the rubric grades, each declared once: adding one is a folder beside ``dense/``, ``paged/`` and
+``ragged/`` (slots, problems, truth, checks, known_bad, signature) and one line in :data:`CONTRACTS`.
 
 The rubric, ``tpu-kernel-rubric`` and ``measure --candidate`` (their flags), export, and the builder's
 ``graded-contract`` rule ask this registry which checks, built-ins, features and call signatures a contract
@@ -21,7 +21,10 @@ from ..grading.paged.checks import PAGED_CHECKS, paged_checks_for
 from ..grading.paged.known_bad import PAGED_BUILTIN
 from ..grading.paged.signature import PagedSignature, ProgramPagedAttention
 from ..grading.programs import Programs
-from kernel_src.contract import FEATURES, PAGED_FEATURES
+from ..grading.ragged.checks import RAGGED_CHECKS, ragged_checks_for
+from ..grading.ragged.known_bad import RAGGED_BUILTIN
+from ..grading.ragged.signature import ProgramRaggedAttention, RaggedSignature
+from kernel_src.contract import FEATURES, PAGED_FEATURES, RAGGED_FEATURES
 
 
 @dataclass(frozen=True, eq=False)  # one object per contract: hashed and compared by identity
@@ -63,7 +66,15 @@ PAGED = Contract(
                               "v_pages, *, kv_lengths, page_indices, ...)) with the paged checks instead of the "
                               "dense one; the paged built-ins (paged-*) are always graded so")
 
-CONTRACTS: dict[str, Contract] = {c.name: c for c in (DENSE, PAGED)}
+RAGGED = Contract(
+    "ragged", "ragged", "ragged_paged_attention",
+    "ragged_paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, cu_q_lens, num_seqs, scale=None, "
+    "causal=True)", RAGGED_FEATURES, RAGGED_CHECKS, ragged_checks_for, "ragged-", RAGGED_BUILTIN, RaggedSignature,
+    ProgramRaggedAttention, flag="--ragged", flag_help="grade against the ragged paged contract (kernel_src.contract: "
+    "ragged_paged_attention(q, k_pages, v_pages, *, kv_lengths, page_indices, cu_q_lens, num_seqs, ...)) with the "
+    "ragged checks; the ragged built-ins (ragged-*) are always graded so")
+
+CONTRACTS: dict[str, Contract] = {c.name: c for c in (DENSE, PAGED, RAGGED)}
 DEFAULT = DENSE  # a candidate's contract when it names none, and what a scorecard without ``contract`` graded
 
 

@@ -233,6 +233,16 @@ class Runner:
         self._observe(p.label, "out", out)
         return out
 
+    def ragged_forward(self, p) -> np.ndarray:
+        """The ragged candidate's output on ``p`` (``grading.ragged.problems``: its ``arrays`` by argument name, q
+        and the pools first, and its ``static`` keyword arguments) as a NumPy array; the shape is checked."""
+        header = {"op": "ragged", "names": list(p.arrays), "static": p.static}
+        (out,) = self._exchange(f"{p.label} forward", p, header, list(p.arrays.values()), 1)
+        if out.shape != p.out_shape:
+            raise CandidateFailure(f"{p.label}: output shape {out.shape}, expected {p.out_shape}")
+        self._observe(p.label, "out", out)
+        return out
+
     def vjp(self, p: Problem) -> tuple[np.ndarray, ...]:
         """``(out, dq, dk, dv)`` under the cotangent ``p.ct`` (cast to the output's dtype in the worker), and
         ``dsinks`` after them when ``p`` has sinks."""

@@ -8,7 +8,8 @@
   the XLA:CPU options the grader sends (``sandbox.cpu_jit.worker_compile_options`` of the level) to
   ``XLA_FLAGS`` when it computes on a CPU (the same results, compiled faster); the reply names the features it declares;
 - ``forward`` (``out``) and ``vjp`` (``out, dq, dk, dv`` through ``jax.vjp``), ``paged`` (``out`` of a paged
-  candidate: q, k_pages, v_pages, kv_lengths, page_indices; ``kernel_src.contract``), and ``export`` (the
+  candidate: q, k_pages, v_pages, kv_lengths, page_indices; ``kernel_src.contract``), ``ragged`` (``out`` of a
+  ragged candidate: its arrays by name and its flags), and ``export`` (the
   candidate's programs per call signature, ``grading.export``: shapes only, no values).
 
 Only problem inputs reach it: q, k, v [batch, len, heads, head_dim], the cotangent, the flags (causal,
@@ -54,6 +55,8 @@ class AttentionServer(Server):
             return self.call(header, arrays)
         if op == "paged" and self.fn is not None:
             return self.call_paged(header, arrays)
+        if op == "ragged" and self.fn is not None:
+            return self.call_ragged(header, arrays)
         return super().handle(header, arrays)
 
     def load(self, header: dict) -> dict:
@@ -139,6 +142,18 @@ class AttentionServer(Server):
         if "sinks" in named:
             kwargs["sinks"] = named["sinks"]
         return self._reply(names, before, given, [self.fn(*given[:3], **kwargs)])
+
+    def call_ragged(self, header: dict, arrays: list) -> tuple[dict, list]:
+        """``ragged``: arrays named by ``names`` (q, k_pages, v_pages, then keyword arrays: kv_lengths, page_indices,
+        cu_q_lens, num_seqs[, sinks][, k_scale, v_scale]) -> out, through ``ragged_paged_attention(q, k_pages,
+        v_pages, **keyword arrays, **static)``; ``static`` holds the flags and floats (a window as a pair)."""
+        names = [str(n) for n in header.get("names", [])]
+        if len(arrays) != len(names) or names[:3] != ["q", "k_pages", "v_pages"]:
+            return {"ok": False, "error": f"expected arrays q, k_pages, v_pages, ..., got {len(arrays)}"}, []
+        before = self._digest(arrays)
+        given = [self.jnp.asarray(a) for a in arrays]
+        static = {n: tuple(x) if isinstance(x, list) else x for n, x in dict(header.get("static", {})).items()}
+        return self._reply(names, before, given, [self.fn(*given[:3], **dict(zip(names[3:], given[3:])), **static)])
 
     def _reply(self, names: list, before: list, given: list, results: list) -> tuple[dict, list]:
         """The results as host arrays, and which inputs the call wrote into (their hashes against ``before``)."""

@@ -32,7 +32,7 @@ import sys
 HEADER_LIMIT = 1 << 20  # bytes: a JSON header larger than this is a protocol violation
 OPEN_FILES = 4096       # RLIMIT_NOFILE of a worker
 DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-               "float16", "bfloat16", "float32", "float64")
+               "float16", "bfloat16", "float32", "float64", "float8_e4m3fn")
 
 
 class ProtocolError(Exception):
@@ -40,14 +40,15 @@ class ProtocolError(Exception):
 
 
 def dtype_of(name: str):
-    """NumPy dtype for one of ``DTYPE_NAMES`` (bfloat16 through JAX's ml_dtypes); else ProtocolError."""
+    """NumPy dtype for one of ``DTYPE_NAMES`` (bfloat16 and float8_e4m3fn through JAX's ml_dtypes); else
+    ProtocolError."""
     import numpy as np
 
     if name not in DTYPE_NAMES:
         raise ProtocolError(f"unsupported dtype {name!r:.60}")
-    if name == "bfloat16":
+    if name in ("bfloat16", "float8_e4m3fn"):
         import jax.numpy as jnp
-        return np.dtype(jnp.bfloat16)
+        return np.dtype(getattr(jnp, name))
     return np.dtype(name)
 
 
@@ -55,7 +56,7 @@ def encode(header: dict, arrays=()) -> list:
     """The frame of ``header`` and ``arrays`` as a list of bytes-like chunks."""
     import numpy as np
 
-    arrays = [np.ascontiguousarray(a) for a in arrays]
+    arrays = [np.ascontiguousarray(a).reshape(np.shape(a)) for a in arrays]  # (ascontiguousarray makes 0-d 1-d)
     header = dict(header, arrays=[{"dtype": str(a.dtype), "shape": list(a.shape)} for a in arrays])
     head = json.dumps(header, allow_nan=False).encode()
     return [struct.pack("<Q", len(head)), head, *(_bytes_view(a) for a in arrays)]
