@@ -211,15 +211,17 @@ def test_quantized_pools(family, pool, dtype):
 @pytest.mark.parametrize("family", KERNELS)
 def test_pages_outside_every_window_are_never_read(family):
     """Window skipping: the table entries of pages no row's window reaches point outside the
-    pool, so a read of one (a DMA under the strict TPU interpreter, a gather under Triton's)
-    raises or poisons the output; buffer slots no copy wrote are NaN-filled there too."""
+    pool (Mosaic: a DMA of one raises under the strict TPU interpreter, whose buffer slots no
+    copy wrote are NaN too) or at a NaN page (Triton: a gathered V row of NaN poisons P·V even
+    where P is 0)."""
     from kernel_src import backend
 
     q, k, v, args = problem = make_problem(Case(((1, 70), (3, 41), (0, 8), (2, 2)), page_size=8),
                                            seed=6)
     table = args["page_indices"].copy()
-    table[0, :7] = 2 ** 31 - 1  # keys 0-55; the decode row sees 59-69
-    table[1, :3] = k.shape[0]  # keys 0-23; the rows see 28-40
+    nan_page = int(np.flatnonzero(np.isnan(v).all(axis=(1, 2, 3)))[0])
+    table[0, :7] = 2 ** 31 - 1 if family == "tpu" else nan_page  # keys 0-55; the row sees 59-69
+    table[1, :3] = k.shape[0] if family == "tpu" else nan_page  # keys 0-23; the rows see 28-40
     options = dict(window_size=(10, 0))
     interpret = backend.tpu_interpret_params() if family == "tpu" else True
     if interpret is None:
@@ -337,3 +339,28 @@ def test_registered():
 
     assert IMPLEMENTATIONS["ragged-pallas"].load() is ragged_paged_attention_tpu
     assert IMPLEMENTATIONS["ragged-triton"].load() is ragged_paged_attention_triton
+
+
+@pytest.mark.parametrize("causal,window,want", [
+    (True, None, [(0, 40), (0, 4), (0, 8), (0, 12), (0, 13), (0, 0)]),
+    (True, (5, 0), [(34, 40), (0, 4), (0, 8), (3, 12), (7, 13), (0, 0)]),
+    (False, (None, 2), [(0, 40), (0, 6), (0, 10), (0, 13), (0, 13), (0, 0)]),
+    (False, None, [(0, 40), (0, 13), (0, 13), (0, 13), (0, 13), (0, 0)]),
+])
+def test_each_item_reads_only_the_keys_its_rows_see(causal, window, want):
+    """The work list of a decode row and a 13-row prompt in items of 4 rows, and each item's
+    keys (``key_range``: causal, window and length skipping); items past the last read none."""
+    from kernel_src.ragged.plan import RaggedPlan, key_range, schedule
+
+    plan = RaggedPlan(num_tokens=16, max_seqs=3, num_q_heads=2, num_kv_heads=1, head_dim=8,
+                      page_size=4, pages_per_sequence=10, num_pages=20, causal=causal, scale=1.0,
+                      interpret=True, block_q=4, rows_pad=8, window=window)
+    items = schedule(jnp.array([0, 1, 14, 9]), jnp.array([40, 13, 7]), jnp.array([2]), plan)
+    assert plan.items == 7
+    np.testing.assert_array_equal(items.seq[:5], [0, 1, 1, 1, 1])
+    np.testing.assert_array_equal(items.j0[:5], [0, 0, 4, 8, 12])
+    np.testing.assert_array_equal(items.tokens[4], [13, 14, 15, 15])  # clipped past the end
+    np.testing.assert_array_equal(items.real[4], [True, False, False, False])
+    start, end = key_range(items.length, items.q_len, items.j0, plan)
+    got = [(int(a), int(max(b, 0))) for a, b in zip(start, end)][:6]
+    assert got == want
