@@ -37,7 +37,7 @@ class AttentionServer(Server):
 
         self.jax, self.jnp, self.np = jax, jnp, np
         self.sha256, self.asarray, self.ascontiguous = hashlib.sha256, np.asarray, np.ascontiguousarray
-        self.vjp, self.ndarray = jax.vjp, np.ndarray
+        self.vjp, self.ndarray, self.device_put = jax.vjp, np.ndarray, jax.device_put
         self.fn = None
 
     def _digest(self, arrays) -> list[str]:
@@ -88,7 +88,6 @@ class AttentionServer(Server):
         """``forward``: arrays q, k, v[, kv_lengths][, q_segment_ids, kv_segment_ids][, sinks] -> out.
         ``vjp``: q, k, v, cotangent[, ...] -> out, dq, dk, dv[, dsinks]. Feature arguments reach the
         candidate only when the request sets them (``window``, ``softcap`` in the header)."""
-        jnp = self.jnp
         grad = header["op"] == "vjp"
         names = ["q", "k", "v"] + (["cotangent"] if grad else []) + (["kv_lengths"] if header.get("has_lengths") else [])
         names += ["q_segment_ids", "kv_segment_ids"] if header.get("has_segments") else []
@@ -96,7 +95,7 @@ class AttentionServer(Server):
         if len(arrays) != len(names):
             return {"ok": False, "error": f"expected {len(names)} arrays, got {len(arrays)}"}, []
         before = self._digest(arrays)
-        given = [jnp.asarray(a) for a in arrays]  # what the candidate can reach, in ``names`` order
+        given = [self.device_put(a) for a in arrays]  # what the candidate reaches (jnp.asarray compiles per shape)
         named = dict(zip(names, given))
         q, k, v = given[:3]
         kwargs = {"causal": bool(header["causal"]), "kv_lengths": named.get("kv_lengths"), "scale": header.get("scale")}
@@ -131,7 +130,7 @@ class AttentionServer(Server):
         if len(arrays) != len(names):
             return {"ok": False, "error": f"expected {len(names)} arrays, got {len(arrays)}"}, []
         before = self._digest(arrays)
-        given = [self.jnp.asarray(a) for a in arrays]
+        given = [self.device_put(a) for a in arrays]
         named = dict(zip(names, given))
         kwargs = {"kv_lengths": named["kv_lengths"], "page_indices": named["page_indices"],
                   "causal": bool(header["causal"]), "scale": header.get("scale")}
@@ -151,7 +150,7 @@ class AttentionServer(Server):
         if len(arrays) != len(names) or names[:3] != ["q", "k_pages", "v_pages"]:
             return {"ok": False, "error": f"expected arrays q, k_pages, v_pages, ..., got {len(arrays)}"}, []
         before = self._digest(arrays)
-        given = [self.jnp.asarray(a) for a in arrays]
+        given = [self.device_put(a) for a in arrays]
         static = {n: tuple(x) if isinstance(x, list) else x for n, x in dict(header.get("static", {})).items()}
         return self._reply(names, before, given, [self.fn(*given[:3], **dict(zip(names[3:], given[3:])), **static)])
 

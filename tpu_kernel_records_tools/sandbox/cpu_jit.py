@@ -9,6 +9,8 @@ from __future__ import annotations
 import functools
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 
 # XLA:CPU's classic fusion emitters instead of its default MLIR ones: the same bits on the reference's programs
 # (tests/test_grader_speed.py compares them) for about 60% of the compile time, and a grade on a CPU is mostly
@@ -34,6 +36,14 @@ def worker_compile_options(level: str) -> dict:
 def cpu_compile_options() -> dict:
     """``CPU_COMPILE_OPTIONS`` where JAX computes on the CPU, else none (initializes JAX's backend)."""
     return dict(CPU_COMPILE_OPTIONS) if jax.default_backend() == "cpu" else {}
+
+
+def device_array(x: np.ndarray, dtype=None) -> jax.Array:
+    """``jnp.asarray(x, dtype)`` of a NumPy array: the same values (NumPy converts on the host, as
+    ``jnp.asarray`` does; float64 straight to bfloat16, never through float32) and shape, without the program
+    ``jnp.asarray`` compiles for every new shape (``jit(stage)``, and ``jit(convert_element_type)`` when it
+    converts): a grade draws dozens of shapes, and each such compile cost a fifth of a CPU-second here."""
+    return jax.device_put(np.asarray(x, dtype=None if dtype is None else jnp.dtype(dtype)))
 
 
 def jit_cpu(fn, **jit_kwargs):

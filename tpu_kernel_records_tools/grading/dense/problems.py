@@ -16,13 +16,18 @@ import jax.numpy as jnp
 import numpy as np
 
 from ...grading.dense import truth as oracle
-from ...sandbox.cpu_jit import jit_cpu
+from ...sandbox.cpu_jit import device_array, jit_cpu
 from ...grading.dense.known_bad import reference
 from ...grading.dense.slots import (EXPLICIT_SCALE, GROUPS, HEAD_DIMS, LEVELS, ODD_HEAD_DIMS, QUICK,  # noqa: F401
                              QUICK_SLOTS, SERVING_SLOTS, SHAPES, SHORT, SLOT_FLAGS, SLOT_MIN_LENGTH,
                              SMALL_FLAGS, TILES, draw_lengths, draw_shapes, gradient_slot, serving_lengths,
                              slot_flags)
 from kernel_src.contract import Dims
+
+
+def _on_device(x, dtype: str) -> jax.Array:
+    """``x`` (NumPy, or a JAX array) as a JAX array of ``dtype``, as ``jnp.asarray`` gives it."""
+    return jnp.asarray(x, dtype) if isinstance(x, jax.Array) else device_array(x, dtype)
 
 
 class Problem:
@@ -40,10 +45,10 @@ class Problem:
                  scale: float | None = None, ct=None, window=None, softcap: float | None = None,
                  q_segments=None, kv_segments=None, sinks=None):
         self.label, self.dtype, self.causal, self.scale = label, dtype, causal, scale
-        self.q, self.k, self.v = (jnp.asarray(x, dtype) for x in (q, k, v))
-        self.ct = None if ct is None else jnp.asarray(ct, dtype)
+        self.q, self.k, self.v = (_on_device(x, dtype) for x in (q, k, v))
+        self.ct = None if ct is None else _on_device(ct, dtype)
         self.lengths = None if kv_lengths is None else np.asarray(kv_lengths, np.int32)
-        self.kv_lengths = None if kv_lengths is None else jnp.asarray(self.lengths)
+        self.kv_lengths = None if kv_lengths is None else device_array(self.lengths)
         self.window = None if window is None else tuple(window)
         self.softcap = None if softcap is None else float(softcap)
         self.q_segments = None if q_segments is None else np.asarray(q_segments, np.int32)
@@ -63,7 +68,7 @@ class Problem:
     def kwargs(self) -> dict:
         """The candidate's keyword arguments: the base flags, and only the features this problem uses."""
         return {"causal": self.causal, "kv_lengths": self.kv_lengths, "scale": self.scale,
-                **{n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}}
+                **{n: device_array(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}}
 
     @property
     def offset(self) -> int:
@@ -106,7 +111,7 @@ class Problem:
                                 scale=self.scale, window=self.window, softcap=self.softcap,
                                 q_segment_ids=self.q_segments, kv_segment_ids=self.kv_segments, sinks=self.sinks,
                                 magnitude_dtype=np.float32, per_head=self._grouped,
-                                stored_dtype=np.asarray(self.q[:0]).dtype)
+                                stored_dtype=self.q.dtype)
 
     @property
     def _grouped(self) -> bool:
@@ -120,7 +125,7 @@ class Problem:
         A slot graded with gradients (``grading.dense.slots.GRADIENT_SLOTS``) gets both from one compiled
         program per shape and flags (a forward-only problem runs it under a zero cotangent), so it
         compiles once; a forward-only slot runs the reference's forward alone."""
-        features = {n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}
+        features = {n: device_array(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}
         if self.ct is None and not gradient_slot(self.slot):
             return (np.asarray(reference(self.q, self.k, self.v, causal=self.causal, kv_lengths=self.kv_lengths,
                                          scale=self.scale, **features)),)
@@ -149,7 +154,7 @@ class Problem:
         if not self._grouped:
             return None
         b, lk, hk, d = self.k.shape
-        dtype = np.asarray(self.k[:0]).dtype
+        dtype = self.k.dtype
 
         def fold(x):
             return x.astype(dtype).astype(np.float32).reshape(b, lk, hk, self.group, d).sum(axis=3).astype(dtype)

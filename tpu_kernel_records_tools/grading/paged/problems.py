@@ -21,6 +21,7 @@ from ...grading.paged import truth as paged_oracle
 from ...grading.paged.known_bad import paged_reference
 from ...grading.paged.slots import INDEX_LIMIT, PagedSlot
 from ...grading.dense.slots import SHORT
+from ...sandbox.cpu_jit import device_array
 
 FILLS = ("nan", "inf", "huge")  # what the slots no sequence reads hold: NaN, +-Inf, +-1e38
 
@@ -68,9 +69,9 @@ class PagedProblem:
     @property
     def kwargs(self) -> dict:
         """The candidate's keyword arguments (JAX arrays), only the features this problem uses."""
-        return {"kv_lengths": jnp.asarray(self.lengths), "page_indices": jnp.asarray(self.table),
+        return {"kv_lengths": device_array(self.lengths), "page_indices": device_array(self.table),
                 "causal": self.causal, "scale": self.scale,
-                **{n: jnp.asarray(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}}
+                **{n: device_array(x) if isinstance(x, np.ndarray) else x for n, x in self.features.items()}}
 
     @property
     def out_shape(self) -> tuple[int, ...]:
@@ -124,8 +125,8 @@ class PagedProblem:
     @functools.cached_property
     def baseline(self) -> tuple[np.ndarray]:
         """``(out,)``: the paged reference's output (``grading.paged.known_bad.paged_reference``)."""
-        return (np.asarray(paged_reference(jnp.asarray(self.q), jnp.asarray(self.k_pages), jnp.asarray(self.v_pages),
-                                           **self.kwargs)),)
+        arrays = (device_array(self.q), device_array(self.k_pages), device_array(self.v_pages))
+        return (np.asarray(paged_reference(*arrays, **self.kwargs)),)
 
     @property
     def logit_max(self) -> float:

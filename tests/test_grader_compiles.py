@@ -1,0 +1,87 @@
+"""The grader compiles only the programs it computes with (issue 50): ``jnp.asarray`` of a NumPy array compiles a
+program per new shape under jax 0.10 (``jit(stage)``, ``jit(convert_element_type)``) and slicing a JAX array one
+more (``jit(dynamic_slice)``); a full-level grade drew ~60 of them in the grader and one per call in the worker.
+``sandbox.cpu_jit.device_array`` gives the same arrays without them."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from tpu_kernel_records_tools.grading.dense.problems import normal
+from tpu_kernel_records_tools.grading.serve import AttentionServer
+from tpu_kernel_records_tools.sandbox.cpu_jit import device_array
+from kernel_src.contract import Dims
+
+
+@contextlib.contextmanager
+def compiled():
+    """The names of the programs XLA compiles inside the block (``jit(name)``), in order."""
+    names: list[str] = []
+
+    class Seen(logging.Handler):
+        def emit(self, record):
+            text = record.getMessage()
+            if text.startswith("Finished XLA compilation of "):
+                names.append(text.split()[4])
+
+    seen, logger = Seen(), logging.getLogger("jax")
+    level = logger.level
+    logger.addHandler(seen)
+    logger.setLevel(logging.DEBUG)
+    try:
+        with jax.log_compiles(True):
+            yield names
+    finally:
+        logger.removeHandler(seen)
+        logger.setLevel(level)
+
+
+def _bits(x) -> bytes:
+    x = np.asarray(x)
+    return x.view(f"u{x.itemsize}").tobytes()
+
+
+@pytest.mark.parametrize("source", [np.float32, np.float64])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_device_array_gives_jnp_asarrays_bits_and_compiles_nothing(source, dtype):
+    rng = np.random.default_rng(0)
+    ties = (np.arange(1 << 12, dtype=np.uint32) << 15).view(np.float32).astype(np.float64)  # between two bfloat16s
+    above = ties * (1 + 2.0 ** -30)  # in float64 just past the tie, in float32 on it: rounded once, straight to bfloat16
+    x = np.concatenate([rng.standard_normal(4093) * 30, ties, above]).astype(source).reshape(15, 819)
+    want = jnp.asarray(x, dtype)
+    with compiled() as names:
+        got = device_array(x, dtype)
+    assert names == []
+    assert isinstance(got, jax.Array) and got.dtype == want.dtype and got.shape == want.shape
+    assert _bits(got) == _bits(want)
+
+
+def test_a_problem_compiles_only_the_references_program():
+    rng = np.random.default_rng(1)
+    with compiled() as names:  # a shape no other test draws
+        p = normal(rng, Dims(3, 11, 173, 6, 2, 40), "bfloat16", causal=True, lengths=True, grad=True)
+        p = p.replace(p.label, q_segments=np.zeros((3, 11), np.int32), kv_segments=np.zeros((3, 173), np.int32),
+                      sinks=rng.standard_normal(6).astype(np.float32))
+        p.prepare()
+        p.kwargs  # noqa: B018
+    assert names == ["jit(_reference_vjp)"]
+    assert p.truth.stored_out_grads is not None and p.grouped_baseline[0].dtype == jnp.bfloat16
+
+
+def test_the_worker_compiles_only_the_candidates_programs():
+    server = AttentionServer()
+    assert server.load({"op": "load", "spec": "reference"})["ok"]
+    rng = np.random.default_rng(2)
+    q, k, v = (rng.standard_normal(s, np.float32).astype(jnp.bfloat16) for s in ((2, 13, 4, 24), (2, 151, 2, 24),
+                                                                                 (2, 151, 2, 24)))
+    header = {"op": "forward", "causal": True, "scale": None, "has_lengths": True}
+    with compiled() as names:
+        reply, (out,) = server.call(header, [q, k, v, np.array([151, 77], np.int32)])
+    assert reply == {"ok": True, "inputs_modified": []} and out.shape == q.shape
+    assert names == ["jit(_reference_fn)"]
