@@ -85,3 +85,19 @@ def test_the_worker_compiles_only_the_candidates_programs():
         reply, (out,) = server.call(header, [q, k, v, np.array([151, 77], np.int32)])
     assert reply == {"ok": True, "inputs_modified": []} and out.shape == q.shape
     assert names == ["jit(_reference_fn)"]
+
+
+def test_the_worker_catches_a_write_into_its_inputs_by_their_bytes():
+    import ctypes
+
+    server = AttentionServer()
+
+    def zero_v(q, k, v, **_):
+        v.block_until_ready()
+        ctypes.memset(v.unsafe_buffer_pointer(), 0x55, 1)  # the lowest byte of v's first value (1.0: 0x00)
+        return jnp.zeros(q.shape, q.dtype)
+
+    server.fn = zero_v
+    q = np.ones((1, 2, 1, 8), np.float32)
+    reply, _ = server.call({"op": "forward", "causal": False, "scale": None}, [q, q.copy(), q.copy()])
+    assert reply["inputs_modified"] == ["v"]
