@@ -31,6 +31,7 @@ WRAPPERS = {"sudo", "nohup", "nice"}
 OTHER_COMMANDS = {"python", "pytest", "kaggle", "sudo", "apt-get", "dnf", "sysctl", "dask", "hf"}
 OWN_MODULES = ("tpu_kernel_records", "kernel_src")  # a from-import of these must name something that exists
 EXAMPLE = "examples/simple_attention.py:attention"
+RAGGED_EXAMPLE = "examples/ragged_kernel.py:ragged_paged_attention"
 CHEAP = {"--help", "-h", "--version", "--list"}
 
 
@@ -196,12 +197,12 @@ def test_a_column_without_a_description_fails_the_card(monkeypatch):
         fields.section(empty)
 
 
-def _grade_example(tmp_path, monkeypatch, capsys, *extra: str) -> tuple[int, str]:
+def _grade_example(tmp_path, monkeypatch, capsys, *extra: str, example: str = EXAMPLE) -> tuple[int, str]:
     """The documented grade of the example kernel, its argv as written, in a fresh folder holding examples/
     (in this process: the console script is ``rubric.main``, checked above)."""
     shutil.copytree(REPO / "examples", tmp_path / "examples")
     monkeypatch.chdir(tmp_path)
-    status = rubric_cli.main(["--candidate", EXAMPLE, *extra])
+    status = rubric_cli.main(["--candidate", example, *extra])
     return status, capsys.readouterr().out
 
 
@@ -218,3 +219,14 @@ def test_the_example_kernel_passes_the_full_rubric(tmp_path, monkeypatch, capsys
     assert any(argv[-2:] == ["--candidate", EXAMPLE] for _, argv in _documented())
     status, out = _grade_example(tmp_path, monkeypatch, capsys, "--quiet")
     assert status == 0 and "PASSED 100/100" in out and "isolation: bubblewrap" in out, out[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(isolation.unavailable_reason() is not None, reason="bubblewrap cannot run here")
+def test_the_ragged_example_passes_the_quick_grade_as_documented(tmp_path, monkeypatch, capsys):
+    documented = ["tpu-kernel-rubric", "--ragged", "--candidate", RAGGED_EXAMPLE, "--quick"]
+    assert documented in [argv for _, argv in _documented()]
+    status, out = _grade_example(tmp_path, monkeypatch, capsys, "--ragged", "--quick", "--quiet",
+                                 example=RAGGED_EXAMPLE)
+    assert status == 0 and re.search(r"PASSED (\d+)/\1 \(isolation: bubblewrap; features: window, softcap, sinks, "
+                                     r"quantized_kv\)", out), out[-3000:]

@@ -6,13 +6,18 @@ adapters of ``tests/ragged_field_adapters.py`` (K and V interleaved into one poo
   float scales). It does not run in TPU interpret mode (it reshapes a VMEM ref, which the interpreter cannot read
   through: ``test_kernel_does_not_run_in_interpret_mode``), so it is not graded here.
 * ``jax_ragged_reference``: JAX's ``ref_ragged_paged_attention`` in its place, same signature, layout and
-  features, graded by the rubric.
+  features, graded by the rubric. Verdict: every check passes but ragged-window, which grades windows without
+  causal (both sides) that JAX's causal, left-only ``sliding_window`` cannot express (the adapter refuses them).
+
+Cost (a shared 2-core machine, under load): the quick grade (default run) about 13 CPU-s, 2 min wall; the
+rest of the default tests a few CPU-s; the full level (slow, seeds 0-2) one grade per seed.
 """
 
 from __future__ import annotations
 
 import inspect
 import re
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -20,10 +25,15 @@ import numpy as np
 import pytest
 
 from kernel_src.reference import reference_ragged_paged_attention
+from tpu_kernel_records_tools.grading.ragged.checks import ragged_checks_for
+from tpu_kernel_records_tools.grading.rubric import grade
 
 from tests import ragged_field_adapters as adapters
 
+ADAPTERS = Path(adapters.__file__)
 REFUSES_RAGGED = re.compile(r"'(ReshapeTransform|RefReshaper)' object has no attribute 'indices'")
+FEATURES = ("window", "softcap", "quantized_kv")
+FULL_TIME_LIMIT_S = 3600.0
 
 
 def _problem(dtype=jnp.float32, quantized: str | None = None):
@@ -128,3 +138,35 @@ def test_kernel_does_not_run_in_interpret_mode():
     args, meta = _problem()
     with pytest.raises(Exception, match=REFUSES_RAGGED):
         np.asarray(adapters.jax_ragged_kernel(*args, **meta))
+
+
+# --------------------------------------------------------------------------------------------------
+# The rubric's verdict on JAX's reference (worker process and all).
+
+EXPECTED_FAILS = {"ragged-window": r"raised ValueError: JAX's ragged_paged_attention's sliding window is causal and "
+                                   r"left-only"}
+
+
+def _grade(level: str, seed: int):
+    """Grade ``jax_ragged_reference``; exactly the checks of ``EXPECTED_FAILS`` fail, each for its reason."""
+    card = grade(f"{ADAPTERS}:jax_ragged_reference", seed=seed, level=level, contract="ragged",
+                 **({"time_limit_s": FULL_TIME_LIMIT_S} if level == "full" else {}))
+    assert card.error is None, card.error
+    assert card.contract == "ragged" and card.features == FEATURES
+    assert [c.name for c in card.checks] == [*(c.name for c in ragged_checks_for(FEATURES)), "finite"]
+    failed = {c.name: c.detail for c in card.checks if not c.passed}
+    assert set(failed) == set(EXPECTED_FAILS), failed
+    for name, pattern in EXPECTED_FAILS.items():
+        assert re.search(pattern, failed[name]), (name, failed[name])
+
+
+def test_jax_reference_passes_but_the_two_sided_window():
+    """Every check passes but ragged-window, whose windows without causal (both sides) JAX's causal, left-only
+    ``sliding_window`` cannot express: the adapter refuses them in one line, and the check names it."""
+    _grade("quick", 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_jax_reference_at_the_full_level(seed):
+    _grade("full", seed)
