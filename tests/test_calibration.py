@@ -192,6 +192,16 @@ def test_the_reports_cost_per_trial_leaves_the_interpret_mode_kernels_apart():
             in cal_report.report([*here, *there]))
 
 
+def test_the_report_prices_all_its_pure_jax_trials_in_cpu_hours():
+    """The CPU-hours are every pure-JAX trial of the report at its per-trial rate; the kernels are left out."""
+    trials = [dict(_record(n, seed), cpu_s=1700.0, shared_cpu_s=100.0) for n in ("a", "b") for seed in (0, 1, 1000)]
+    trials.append(dict(_record("flash", 0), cpu_s=36000.0))
+    s = cal_report.summary(trials)
+    assert s["pure_trials"] == {"trials": 6, "candidates": 2, "cpu_hours": 3.0}
+    assert "At that rate this report's 6 trials of the 2 pure-JAX candidates cost 3.0 CPU-hours." in \
+        cal_report.report(trials)
+
+
 def test_the_cost_is_one_machines_the_one_that_graded_the_most():
     here = [dict(_record(n, 0), machine="this machine") for n in ("a", "b")]
     there = dict(_record("a", 1), machine="a faster one", cpu_s=0.5, shared_cpu_s=0.1)

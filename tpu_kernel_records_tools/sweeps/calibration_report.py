@@ -37,8 +37,9 @@ def summary(trials: Sequence[dict]) -> dict:
     summed), CPU-s per trial (of the candidates that are not ``KERNELS``), the same on a slot group's first
     seed (which compiles) and on the other seeds (``first_seed_`` and ``other_seeds_cpu_s_per_trial``; None
     where there is none), and each candidate's own; the interpret-mode kernels' own, over the trials of the
-    machine that graded the most of them (``kernel_cost_machine``, ``kernel_own_cpu_s_per_trial``); and
-    ``other_machines``: each other machine's trials and CPU-s per trial, priced apart; ``floor_needed``, per set,
+    machine that graded the most of them (``kernel_cost_machine``, ``kernel_own_cpu_s_per_trial``);
+    ``pure_trials``: the pure-JAX candidates' trials, how many candidates, and their CPU-hours at that per-trial
+    rate; ``other_machines``: each other machine's trials and CPU-s per trial, priced apart; ``floor_needed``, per set,
     the largest floor multiple a trial needed at the policy's k (``tolerance.needed_floor``)."""
     out: dict = {"sets": {}, "policy": {"forward": POLICY.k_forward, "gradient": POLICY.k_gradient,
                                         "floor": POLICY.floor_eps}}
@@ -77,6 +78,10 @@ def summary(trials: Sequence[dict]) -> dict:
         [r for r in trials if "cpu_s" in r and r.get("machine") == m])[0]}
         for m in dict.fromkeys(machines) if m != out["cost_machine"]}
     out["own_cpu_s_per_trial"] = _own([r for r in timed if r["candidate"] not in KERNELS])
+    pure = [r for r in trials if r["candidate"] not in KERNELS]
+    out["pure_trials"] = {"trials": len(pure), "candidates": len({r["candidate"] for r in pure}),
+                          "cpu_hours": None if out["cpu_s_per_trial"] is None
+                          else len(pure) * out["cpu_s_per_trial"] / 3600}
     kernel_machines = [r.get("machine") for r in trials if "cpu_s" in r and r["candidate"] in KERNELS]
     out["kernel_cost_machine"] = _most_common(kernel_machines)
     out["kernel_own_cpu_s_per_trial"] = _own([r for r in trials if "cpu_s" in r and r["candidate"] in KERNELS
@@ -166,6 +171,9 @@ def report(trials: Sequence[dict], failed: Sequence[dict] = (), level: str = "fu
                       + f", of which {s['shared_cpu_s_per_trial']:.1f} is its share of the seed's problems, truth and "
                       f"baselines; the candidate's own, per candidate: {own}."
                       + (f" The kernels' own, in interpret mode: {kernels}." if kernels else "")
+                      + (f" At that rate this report's {s['pure_trials']['trials']} trials of the "
+                         f"{s['pure_trials']['candidates']} pure-JAX candidates cost "
+                         f"{s['pure_trials']['cpu_hours']:.1f} CPU-hours.")
                       + (f" On other machines: {elsewhere}." if elsewhere else "")]
     rejected = [(name, which, r) for which, entries in s["sets"].items() for name, e in entries.items()
                 for r in e["rejected"]]
