@@ -189,8 +189,8 @@ def error(candidate: np.ndarray, truth: np.ndarray, magnitude: np.ndarray | None
     if not diff.size:
         return Error(0.0, 0.0, ())
     flat = diff.reshape(-1)
-    if np.isfinite(flat).all():  # the usual case: one pass each for the largest and the norm
-        at = int(np.argmax(flat))
+    at = int(np.argmax(flat))  # the first NaN if there is one, else the largest (inf included)
+    if np.isfinite(flat[at]):  # so every difference is finite: one more pass for the norm
         worst, norm = float(flat[at]), float(np.sqrt(np.dot(flat, flat)))
     else:  # a non-finite candidate value (or truth) is an infinite error
         flat = np.where(np.isfinite(flat), flat, np.inf)

@@ -140,24 +140,29 @@ def _attention(q, k, v, ct, vis, scale, magnitude_dtype, per_head, magnitudes, s
     # Head-major views for batched matmuls (BLAS): queries [b, hk, g, q, d], keys/values [b, hk, 1, k, d].
     qg = q.reshape(batch, q_len, hk, group, d).transpose(0, 2, 3, 1, 4)
     kh, vh = (x.transpose(0, 2, 1, 3)[:, :, None] for x in (k, v))
-    s = _per_kv_head(qg, kh.swapaxes(-1, -2)) * scale  # [b, hk, g, q, k]
+    # The [b, hk, g, q, k] arrays are worked on in place (the same operations, so the same bits): a fresh
+    # array per step cost more in page faults than in arithmetic on the long slots.
+    s = _per_kv_head(qg, kh.swapaxes(-1, -2))
+    s *= scale  # [b, hk, g, q, k]
     if softcap is not None:
         tanh = np.tanh(s / softcap)
         s = softcap * tanh
         slope = 1.0 - tanh * tanh  # d(capped)/d(uncapped)
-    logit_max = float(np.max(np.abs(s), where=mask, initial=0.0))
-    s = np.where(mask, s, -np.inf)
+    hidden = ~mask
+    logit_max = max(0.0, float(np.max(s, where=mask, initial=0.0)), -float(np.min(s, where=mask, initial=0.0)))
+    np.copyto(s, -np.inf, where=hidden)
     row_max = s.max(axis=-1, keepdims=True)
     if sinks is not None:
         sink = sinks.reshape(1, hk, group, 1, 1)
         row_max = np.maximum(row_max, sink)
     row_max = np.where(np.isfinite(row_max), row_max, 0.0)
-    e = np.where(mask, np.exp(s - row_max), 0.0)
+    e = np.exp(np.subtract(s, row_max, out=s), out=s)
+    np.copyto(e, 0.0, where=hidden)
     denom = e.sum(axis=-1, keepdims=True)
     if sinks is not None:
         e_sink = np.exp(sink - row_max)
         denom = denom + e_sink
-    p = e / np.where(denom > 0, denom, 1.0)
+    p = np.divide(e, np.where(denom > 0, denom, 1.0), out=e)
     out = _token_major(_per_kv_head(p, vh), q.shape)
     probs = p.reshape(batch, hq, q_len, kv_len)
     m = magnitude_dtype
