@@ -85,3 +85,21 @@ def test_a_ragged_signature_comes_back_as_itself(quantized):
     assert [a.shape for a in args[3:7]] == [(10,), (10, 2), (11,), (1,)]
     assert len(args) == 8 + 2 * (quantized is not None)
     assert RaggedSignature.mismatch({"q": 0, "page_indices": 0}) and RaggedSignature.mismatch({"cu_q_lens": 0}) is None
+
+
+def test_the_worker_calls_a_ragged_file_and_counts_only_graded_rows_for_finite(tmp_path):
+    """One call through the worker: a quantized pool with 0-d scales arrives as sent, and the NaN a kernel leaves in
+    padding rows (the contract does not grade them) is not a non-finite output."""
+    from tpu_kernel_records_tools.grading.runner import Runner
+
+    (tmp_path / "mine.py").write_text(CANDIDATE.replace("return _jitted(q, k_pages, v_pages, **kw)",
+                                                        "return _jitted(q, k_pages, v_pages, **kw) + 0 * q"))
+    p = draw(np.random.default_rng(1), draw_ragged_slots(0, "quick")["chunk32"], quantized="int8", scale_arrays=True)
+    runner = Runner(f"{tmp_path / 'mine.py'}:ragged_paged_attention", isolation="process", level="quick")
+    try:
+        assert runner.start() is None
+        out = runner.ragged_forward(p)
+    finally:
+        runner.close()
+    assert np.isnan(out[~p.graded]).all() and runner.nonfinite == [] and runner.returned == 1
+    np.testing.assert_allclose(out[p.graded], p.baseline[0][p.graded], rtol=1e-6, atol=1e-6)

@@ -235,12 +235,13 @@ class Runner:
 
     def ragged_forward(self, p) -> np.ndarray:
         """The ragged candidate's output on ``p`` (``grading.ragged.problems``: its ``arrays`` by argument name, q
-        and the pools first, and its ``static`` keyword arguments) as a NumPy array; the shape is checked."""
+        and the pools first, and its ``static`` keyword arguments) as a NumPy array; the shape is checked, and only
+        the graded rows (``p.graded``) count for ``finite``: padding rows may hold anything."""
         header = {"op": "ragged", "names": list(p.arrays), "static": p.static}
         (out,) = self._exchange(f"{p.label} forward", p, header, list(p.arrays.values()), 1)
         if out.shape != p.out_shape:
             raise CandidateFailure(f"{p.label}: output shape {out.shape}, expected {p.out_shape}")
-        self._observe(p.label, "out", out)
+        self._observe(p.label, "out (graded rows)", out[p.graded])
         return out
 
     def vjp(self, p: Problem) -> tuple[np.ndarray, ...]:

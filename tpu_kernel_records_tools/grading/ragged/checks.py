@@ -161,14 +161,13 @@ def _combined(r, slot: RaggedSlot, **given) -> RaggedProblem:
 
 
 def across_a_page(slot: RaggedSlot) -> tuple[int, int]:
-    """A window ``(left, 0)`` under which the rows of the slot's longest chunk start their windows on both sides of
-    a page boundary (the first row's on a page's last key)."""
-    i = max(range(slot.num_seqs), key=lambda i: (slot.q_lens[i] if slot.q_lens[i] < slot.kv_lens[i] else 0,
-                                                 slot.kv_lens[i]))
-    first = slot.kv_lens[i] - slot.q_lens[i]  # the first row's position
-    ps = slot.page_size
-    edge = max(ps - 1, (first - 1) // ps * ps - 1)  # a page's last key, left of the first row
-    return max(0, first - edge), 0
+    """A window ``(left, 0)`` under which the rows of the slot's chunk that sits furthest in start their windows on
+    both sides of a page boundary (the first row's on a page's last key): a key block skipped from one row's window
+    start drops keys the other rows see."""
+    chunks = [i for i in range(slot.num_seqs) if 2 <= slot.q_lens[i] < slot.kv_lens[i]]
+    i = max(chunks, key=lambda i: slot.kv_lens[i] - slot.q_lens[i])
+    first, ps = slot.kv_lens[i] - slot.q_lens[i], slot.page_size  # the first row's position
+    return max(0, first - (max(1, (first + 1) // ps) * ps - 1)), 0
 
 
 def check_ragged_window(ctx: Context) -> Outcome:

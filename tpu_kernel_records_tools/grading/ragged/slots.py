@@ -8,8 +8,8 @@ the arrays hold past ``num_seqs`` are drawn per problem (``grading.ragged.proble
 
 A slot's sequences (``mix``) are what an engine's step holds: decode rows (``q_len = 1``), chunks of prefill
 (``1 < q_len < kv_len``), whole prompts (``q_len = kv_len``) and ``q_len = 0`` sequences, never all at the end,
-at ``kv_len`` 1, ``page_size - 1``, ``page_size``, ``page_size + 1``, ``2 page_size`` and the full table
-among others; ``max_seqs`` is 1-4 rows more than the real sequences and ``num_tokens`` 1-8 rows past the last.
+at ``kv_len`` 1, ``page_size - 1``, ``page_size``, ``page_size + 1``, ``2 page_size`` among others, and a chunk that
+fills its table (its rows past the first page); ``max_seqs`` is 1-4 rows more than the real sequences and ``num_tokens`` 1-8 rows past the last.
 
 The full distribution (``r(a, b)`` uniform integer in ``[a, b]``; ``G`` a per-seed permutation of the groups 1,
 2, 4, 8; ``O`` one of 3, 5, 6, 7):
@@ -96,23 +96,27 @@ def _rng(seed: int, what: str) -> np.random.Generator:
 
 def mix(rng: np.random.Generator, n: int, page_size: int, pages_per_sequence: int, max_q: int,
         ) -> tuple[tuple[int, ...], tuple[int, ...]]:
-    """``(q_lens, kv_lens)`` of ``n >= 5`` sequences: decode rows, chunks, whole prompts and empty ones (one of
-    them first or between others), at the edge lengths and random ones (module docstring)."""
+    """``(q_lens, kv_lens)`` of ``n >= 4`` sequences: decode rows, chunks, whole prompts and empty ones (one of
+    them first or between others), at the edge lengths and random ones (module docstring); one chunk fills its
+    table, its first row past the first page."""
     full = page_size * pages_per_sequence
     kinds = [str(x) for x in rng.permutation((["decode", "chunk", "prompt", "empty"] * n)[:n])]
     if kinds[-1] == "empty":  # an empty sequence between others, not only last
         kinds[-1], kinds[0] = kinds[0], kinds[-1]
-    others = [i for i, kind in enumerate(kinds) if kind != "prompt"]  # the edge lengths go to these
-    edges = [x for x in dict.fromkeys([1, page_size - 1, page_size, page_size + 1, 2 * page_size, full])
-             if 1 <= x <= full][:len(others)]
+    long_chunk = kinds.index("chunk")  # fills its table: its rows sit past the first page
+    others = [i for i, kind in enumerate(kinds) if kind != "prompt" and i != long_chunk]  # the edge lengths go here
+    edges = [x for x in dict.fromkeys([1, page_size - 1, page_size, page_size + 1, 2 * page_size])
+             if 1 <= x < full][:len(others)]
     kv = [int(x) for x in rng.integers(2, full + 1, n)]
     for i, length in zip(rng.permutation(others), edges):
         kv[i] = length
+    kv[long_chunk] = full
     q = []
     for i, kind in enumerate(kinds):
         if kind == "prompt":
             kv[i] = int(rng.integers(2, min(max_q, full) + 1))
-        chunk = int(rng.integers(2, min(max_q, kv[i] - 1) + 1)) if kv[i] >= 3 else 1
+        most = min(max_q, kv[i] - 1, max(2, full - page_size) if i == long_chunk else kv[i])
+        chunk = int(rng.integers(2, most + 1)) if kv[i] >= 3 else 1
         q.append({"empty": 0, "decode": 1, "prompt": kv[i], "chunk": chunk}[kind])
     return tuple(q), tuple(kv)
 
