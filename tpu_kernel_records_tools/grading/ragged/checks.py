@@ -30,6 +30,7 @@ import numpy as np
 
 from ...grading.check_context import CheckSpec, Outcome, _first_difference, _summarize
 from ...grading.dense.checks import Context, problems
+from ...grading.paged.checks import _sinks, _values_along_keys  # (they take a ragged slot and problem as well)
 from ...grading.ragged.problems import RaggedProblem, draw
 from ...grading.ragged.slots import EDGE_SLOTS, RaggedSlot, draw_ragged_slots
 from ...grading.tolerance import Verdict, judge
@@ -126,13 +127,6 @@ def check_ragged_permutation(ctx: Context) -> Outcome:
         "a permutation of the pool with the table permuted alike changes no bit of a graded row")
 
 
-def _values_along_keys(p: RaggedProblem, rng: np.random.Generator) -> RaggedProblem:
-    """V the same on every key (per kv head and channel): exact for an fp32 accumulation, drifts in a bfloat16 one."""
-    value = rng.standard_normal(p.v_pages.shape[2:], np.float32).astype(p.v_pages.dtype)
-    v = np.where(p.holds[:, :, None, None], value[None, None], p.v_pages)
-    return p.replace(f"{p.label} V constant along keys", v_pages=v, derived=False)
-
-
 def check_ragged_long(ctx: Context) -> Outcome:
     s = slots(ctx)
 
@@ -144,12 +138,6 @@ def check_ragged_long(ctx: Context) -> Outcome:
     return _accurate(ctx, ps, f"kv_lens {list(p.slot.kv_lens)} in bfloat16, page indices up to "
                               f"{int(p.table[:p.slot.num_seqs].max())} (past 2^15), random V and V constant along "
                               f"keys, within the forward bound")
-
-
-def _sinks(rng: np.random.Generator, slot: RaggedSlot, kind: str) -> np.ndarray:
-    if kind == "high":  # 40-60 above every logit of N(0, 1) data at the default scale
-        return (rng.uniform(40, 60, slot.num_q_heads) + np.sqrt(slot.head_dim)).astype(np.float32)
-    return (rng.standard_normal(slot.num_q_heads) * 2).astype(np.float32)
 
 
 def _combined(r, slot: RaggedSlot, **given) -> RaggedProblem:

@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ...grading.candidate import Candidate
+from ...grading.paged.known_bad import _constant
 from ...sandbox.cpu_jit import jit_cpu
 from kernel_src.contract import RAGGED_FEATURES, check_ragged_inputs, default_scale, dequantize, visible
 from kernel_src.reference import reference_ragged_paged_attention, row_owners
@@ -245,10 +246,6 @@ class RaggedEntry(NamedTuple):
     doc: str
     loader: Callable[[], RaggedAttention]
     catches: tuple[str, ...] = ()
-
-
-def _constant(fn):
-    return lambda: fn
 
 
 def _bad(name: str, doc: str, catches: tuple[str, ...], **switches) -> RaggedEntry:

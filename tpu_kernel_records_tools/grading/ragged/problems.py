@@ -20,7 +20,7 @@ import numpy as np
 
 from ...grading.dense.slots import SHORT
 from ...grading.paged.problems import garbage as float_garbage
-from ...grading.paged.problems import layout
+from ...grading.paged.problems import PagedProblem, layout
 from ...grading.ragged import truth as ragged_oracle
 from ...grading.ragged.known_bad import ragged_reference
 from ...grading.ragged.slots import RaggedSlot
@@ -156,13 +156,7 @@ class RaggedProblem:
                 table[i, c] = rng.choice(empty) if table[i, c] == 0 and len(empty) else 0
         return self.replace(f"{self.label} trailing entries re-pointed", table=table)
 
-    def permuted(self, rng: np.random.Generator) -> "RaggedProblem":
-        """The pool permuted and the whole table permuted alike: page ``i`` moves to ``perm[i]``."""
-        perm = rng.permutation(self.k_pages.shape[0])
-        k, v, holds = (np.empty_like(x) for x in (self.k_pages, self.v_pages, self.holds))
-        k[perm], v[perm], holds[perm] = self.k_pages, self.v_pages, self.holds
-        return self.replace(f"{self.label} pool permuted", k_pages=k, v_pages=v, holds=holds,
-                            table=perm[self.table].astype(np.int32))
+    permuted = PagedProblem.permuted  # the pool permuted and the whole table alike (the same fields by name)
 
     @functools.cached_property
     def truth(self) -> ragged_oracle.RaggedTruth:
