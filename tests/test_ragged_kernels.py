@@ -9,7 +9,8 @@ Outputs must match the truth on the graded rows, carry no NaN there, and not cha
 pool is permuted with the table permuted alike.
 
 Both families run in interpret mode (the Mosaic kernel's DMAs included), small shapes, a few
-seconds a test; the v5e compile and the Triton lowering run without a TPU or GPU.
+CPU-seconds a test; the v5e compile and the Triton lowering run without a TPU or GPU. Slow: the
+v5e compiles, the ragged rubric at the quick and full levels, and a few more interpreted calls.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import pytest
 from kernel_src.ragged import (RaggedBlockSizes, ragged_paged_attention_tpu,
                                ragged_paged_attention_triton)
 from kernel_src.reference import reference_ragged_paged_attention
+from tests.seeds import full_level_seeds
 
 KERNELS = {"tpu": ragged_paged_attention_tpu, "triton": ragged_paged_attention_triton}
 # Several items per prompt, several steps (Mosaic) and loop iterations (Triton) per item.
@@ -190,7 +192,7 @@ def test_window_softcap_sinks_in_bf16_with_gqa(family):
     assert_matches(got, problem, **options)
 
 
-@pytest.mark.parametrize("family", KERNELS)
+@pytest.mark.parametrize("family", [pytest.param("tpu", marks=pytest.mark.slow), "triton"])
 def test_not_causal_with_a_right_window(family):
     """Rows see keys after their position (up to ``right``); the left edge many pages back."""
     problem = make_problem(Case(((2, 60), (5, 17), (1, 3)), page_size=4), seed=4)
@@ -198,8 +200,10 @@ def test_not_causal_with_a_right_window(family):
     assert_matches(attend(family, problem, **options), problem, **options)
 
 
-@pytest.mark.parametrize("family", KERNELS)
-@pytest.mark.parametrize("pool,dtype", [("int8", "bfloat16"), ("float8_e4m3fn", "float32")])
+@pytest.mark.parametrize("family,pool,dtype", [
+    ("tpu", "int8", "bfloat16"), ("triton", "float8_e4m3fn", "float32"),
+    pytest.param("tpu", "float8_e4m3fn", "float32", marks=pytest.mark.slow),
+    pytest.param("triton", "int8", "bfloat16", marks=pytest.mark.slow)])
 def test_quantized_pools(family, pool, dtype):
     """Dequantized in the kernel: ``float32(stored) * scale``; unused int8 slots at 127, fp8
     ones NaN; scales far from 1 and fp8 values near the type's range."""
@@ -364,3 +368,29 @@ def test_each_item_reads_only_the_keys_its_rows_see(causal, window, want):
     start, end = key_range(items.length, items.q_len, items.j0, plan)
     got = [(int(a), int(max(b, 0))) for a, b in zip(start, end)][:6]
     assert got == want
+
+
+# --- slow: the ragged rubric (grading.ragged), graded in this process as test_ragged_grading does ---
+
+
+def _rubric(family: str, seed: int, level: str):
+    from kernel_src.contract import RAGGED_FEATURES
+    from tests.test_ragged_grading import grade
+    from tpu_kernel_records_tools.grading.ragged.checks import ragged_checks_for
+
+    found = grade(KERNELS[family], seed, level)
+    assert set(found) == {c.name for c in ragged_checks_for(RAGGED_FEATURES)}
+    assert all(o.passed for o in found.values()), {n: o.detail for n, o in found.items() if not o.passed}
+
+
+@pytest.mark.slow  # about 90 CPU-s (Mosaic) and 55 CPU-s (Triton) on a 2-core EPYC
+@pytest.mark.parametrize("family", KERNELS)
+def test_the_quick_rubric_with_every_feature(family):
+    _rubric(family, 0, "quick")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", full_level_seeds())
+@pytest.mark.parametrize("family", KERNELS)
+def test_the_full_rubric_with_every_feature(family, seed):
+    _rubric(family, seed, "full")
