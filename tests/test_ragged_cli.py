@@ -103,3 +103,16 @@ def test_the_worker_calls_a_ragged_file_and_counts_only_graded_rows_for_finite(t
         runner.close()
     assert np.isnan(out[~p.graded]).all() and runner.nonfinite == [] and runner.returned == 1
     np.testing.assert_allclose(out[p.graded], p.baseline[0][p.graded], rtol=1e-6, atol=1e-6)
+
+
+def test_export_records_a_ragged_call_as_its_signature():
+    """``measure --candidate --ragged``'s first step: the rubric's calls on the reference, noted as signatures."""
+    from tpu_kernel_records_tools.measure.submission import _Recorder
+
+    recorder = _Recorder(contracts.RAGGED)
+    p = draw(np.random.default_rng(2), draw_ragged_slots(0, "quick")["chunk32"], quantized="float8_e4m3fn",
+             scale_arrays=True)
+    out = recorder.ragged_forward(p)
+    assert out.shape == p.q.shape and np.array_equal(out[p.graded], p.baseline[0][p.graded])
+    (sig,) = recorder.signatures
+    assert isinstance(sig, RaggedSignature) and sig.pool_dtype == "float8_e4m3fn" and sig.q == p.q.shape

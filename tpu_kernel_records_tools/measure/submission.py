@@ -95,6 +95,9 @@ class _Recorder:
     def paged_forward(self, p) -> np.ndarray:
         return self._call(p.q, p.k_pages, p.v_pages, **p.kwargs)
 
+    def ragged_forward(self, p) -> np.ndarray:
+        return self._call(p.q, p.k_pages, p.v_pages, **p.kwargs)
+
     def vjp(self, p):
         self.signatures.append(self.signature_type.of_call(p.q, p.k, p.v, **p.kwargs))
         kwargs = {n: x for n, x in p.kwargs.items() if n != "sinks"}
