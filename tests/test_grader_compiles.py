@@ -1,7 +1,8 @@
 """The grader compiles only the programs it computes with (issue 50): ``jnp.asarray`` of a NumPy array compiles a
 program per new shape under jax 0.10 (``jit(stage)``, ``jit(convert_element_type)``) and slicing a JAX array one
 more (``jit(dynamic_slice)``); a full-level grade drew ~60 of them in the grader and one per call in the worker.
-``sandbox.cpu_jit.device_array`` gives the same arrays without them."""
+``sandbox.cpu_jit.device_array`` gives the same arrays without them. And what the grader no longer computes
+twice: the reference's error on a problem, judged once for all the candidates graded on it."""
 
 from __future__ import annotations
 
@@ -101,3 +102,23 @@ def test_the_worker_catches_a_write_into_its_inputs_by_their_bytes():
     q = np.ones((1, 2, 1, 8), np.float32)
     reply, _ = server.call({"op": "forward", "causal": False, "scale": None}, [q, q.copy(), q.copy()])
     assert reply["inputs_modified"] == ["v"]
+
+
+def test_the_references_error_is_computed_once_per_problem_and_never_served_stale(monkeypatch):
+    from tpu_kernel_records_tools.grading import tolerance
+
+    rng = np.random.default_rng(3)
+    truth, base, alt = (rng.standard_normal((4, 64)) for _ in range(3))
+    magnitude = np.abs(truth) + 1
+    calls = []
+    real = tolerance.error
+    monkeypatch.setattr(tolerance, "error", lambda *a, **k: calls.append(a[0]) or real(*a, **k))
+    first = [tolerance.judge("x", truth + 1e-3 * n, truth, base, "float32", gradient=True, magnitude=magnitude,
+                             alternatives=(None, alt)) for n in range(3)]
+    assert [c is base or c is alt for c in calls] == [True, True, False, False, False]  # once, then candidates only
+    assert len({(v.baseline, v.tol_norm, v.tol_worst) for v in first}) == 1
+    fresh = base * 2  # a new baseline is judged anew (a stale bound would pass the candidate at 1e-3)
+    again = tolerance.judge("x", truth + 1e-3, truth, fresh, "float32", gradient=True, magnitude=magnitude,
+                            alternatives=(alt,))
+    plain = tolerance.error(fresh, truth, magnitude)
+    assert again.baseline.norm == max(plain.norm, tolerance.error(alt, truth, magnitude).norm)

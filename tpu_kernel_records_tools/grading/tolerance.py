@@ -125,6 +125,7 @@ trusting these constants there.
 
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -265,18 +266,45 @@ def judge(label: str, candidate: np.ndarray, truth: np.ndarray, baseline: np.nda
     ``max(1, logit_scale)``, since float32 logits carry an absolute error of about ``|logit| * eps`` and
     every probability (and what is computed from it) inherits it as a relative error."""
     magnitude = np.abs(truth) if magnitude is None else magnitude
-    scales = magnitude_scales(magnitude)
-    base = error(baseline, truth, magnitude, scales)
-    for alternative in alternatives:
-        if alternative is not None:
-            alt = error(alternative, truth, magnitude, scales)
-            base = Error(max(base.norm, alt.norm), max(base.worst, alt.worst), base.index)
+    scales, base = _reference_error(truth, magnitude, baseline, [a for a in alternatives if a is not None])
     scale = max(1.0, float(logit_scale)) if np.isfinite(logit_scale) else 1.0
     k, floor = policy.k(gradient), policy.floor(dtype) * scale
     targets = {"": truth, **{name: a for name, a in (answers or {}).items() if a is not None}}
     verdicts = [Verdict(label, error(candidate, target, magnitude, scales), base, k * base.norm + floor,
                         k * base.worst + floor, dtype, gradient, scale, name) for name, target in targets.items()]
     return min(verdicts, key=lambda v: v.ratio)
+
+
+_REFERENCE_ERRORS: dict = {}  # ids of (truth, magnitude, baseline, *alternatives) -> (weak references, scales, error)
+REFERENCE_ERRORS_KEPT = 4096
+
+
+def _reference_error(truth: np.ndarray, magnitude: np.ndarray, baseline: np.ndarray,
+                     alternatives: list[np.ndarray]) -> tuple[tuple[float, float], Error]:
+    """``magnitude_scales(magnitude)`` and the reference's error against ``truth`` (widened by the ``alternatives``),
+    remembered while those arrays live (arrays never written into, as a problem's truth and baselines are): every
+    candidate judged on one problem (a calibration's seven, a run's kernels) shares them."""
+    arrays = (truth, magnitude, baseline, *alternatives)
+    key = tuple(map(id, arrays))
+    kept = _REFERENCE_ERRORS.get(key)
+    if kept is not None and all(ref() is a for ref, a in zip(kept[0], arrays)):
+        return kept[1], kept[2]
+    scales = magnitude_scales(magnitude)
+    base = error(baseline, truth, magnitude, scales)
+    for alternative in alternatives:
+        alt = error(alternative, truth, magnitude, scales)
+        base = Error(max(base.norm, alt.norm), max(base.worst, alt.worst), base.index)
+    try:
+        refs = tuple(weakref.ref(a) for a in arrays)
+    except TypeError:  # not an array that can be referred to weakly: not remembered
+        return scales, base
+    if len(_REFERENCE_ERRORS) >= REFERENCE_ERRORS_KEPT:
+        for dead in [k for k, (rs, _, _) in _REFERENCE_ERRORS.items() if any(r() is None for r in rs)]:
+            del _REFERENCE_ERRORS[dead]
+        if len(_REFERENCE_ERRORS) >= REFERENCE_ERRORS_KEPT:
+            _REFERENCE_ERRORS.clear()
+    _REFERENCE_ERRORS[key] = (refs, scales, base)
+    return scales, base
 
 
 def needed_floor(verdict: Verdict, policy: Policy = POLICY) -> float:
