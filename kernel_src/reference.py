@@ -174,13 +174,13 @@ def reference_ragged_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: 
     cu = cu_q_lens.astype(jnp.int32)
     length = kv_lengths.astype(jnp.int32)[owner]  # [t]: the row's sequence's length, its q_len and position
     position = length - (cu[owner + 1] - cu[owner]) + jnp.arange(t) - cu[owner]
-    if dims.quantized:
-        k_pages, v_pages = (dequantize(x, s).astype(q.dtype) for x, s in ((k_pages, k_scale), (v_pages, v_scale)))
     j = jnp.arange(span)
     exists = (j[None, :] < length[:, None])[:, :, None, None]  # [t, span, 1, 1]
     pages = page_indices.astype(jnp.int32)[owner]  # [t, pages_per_sequence]
-    k = jnp.where(exists, k_pages[pages].reshape(t, span, hk, d), 0)
-    v = jnp.where(exists, v_pages[pages].reshape(t, span, hk, d), 0)
+    k, v = (x[pages].reshape(t, span, hk, d) for x in (k_pages, v_pages))  # only the pages the rows read
+    if dims.quantized:
+        k, v = (dequantize(x, s).astype(q.dtype) for x, s in ((k, k_scale), (v, v_scale)))
+    k, v = jnp.where(exists, k, 0), jnp.where(exists, v, 0)
     logits = jnp.einsum("thgd,tkhd->thgk", q.reshape(t, hk, g, d), k, precision=_HIGHEST,
                         preferred_element_type=jnp.float32) * scale
     if softcap is not None:
