@@ -122,3 +122,12 @@ def test_the_references_error_is_computed_once_per_problem_and_never_served_stal
                             alternatives=(alt,))
     plain = tolerance.error(fresh, truth, magnitude)
     assert again.baseline.norm == max(plain.norm, tolerance.error(alt, truth, magnitude).norm)
+
+
+def test_the_truths_float64_copy_of_bfloat16_keeps_every_value():
+    from tpu_kernel_records_tools.grading.dense.truth import as_f64
+
+    every = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(jnp.bfloat16)  # each bfloat16 bit pattern
+    finite = every[np.isfinite(every.astype(np.float32))]
+    got, want = as_f64(finite.reshape(2, -1)), finite.astype(np.float32).astype(np.float64).reshape(2, -1)
+    assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
