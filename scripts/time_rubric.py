@@ -14,8 +14,9 @@ compilation. With ``--seeds N`` the candidate is graded on N seeds by one worker
 
 Targets on a 2-core CPU: full level, ``reference`` <= 20 s on the base contract (``--features none``) and
 <= 30 s with every feature (issue 50), ``pallas`` in interpret mode <= 90 s (issue 24). This is a measurement,
-not a test: the wall time depends on the machine's load, which is printed with it, as are the CPU seconds the grade took (the grader's process and the candidate's worker
-together), which depend on it less (interpret mode says nothing about kernel speed on an accelerator).
+not a test: the wall time depends on the machine's load, which is printed with it, as are the CPU seconds the
+grade took (the grader's process and the candidate's worker together), which depend on it less (interpret mode
+says nothing about kernel speed on an accelerator).
 """
 
 from __future__ import annotations
