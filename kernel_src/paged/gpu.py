@@ -43,11 +43,25 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, block_k: int):
 
     sinks_ref = refs[0] if plan.sinks else None
     q_ref, k_ref, v_ref, o_ref = refs[int(plan.sinks):]
-    b, j = pl.program_id(0), pl.program_id(1)
+    b = pl.program_id(0)
+    length = lengths_ref[b]
+    gather_walk(first_key(length, plan), length, lambda entry, real: _masked_load(
+        table_ref, (b, entry), real), lambda rows, keys: visible(rows, keys, length, plan),
+        (q_ref, k_ref, v_ref, o_ref), sinks_ref, plan, block_k)
+
+
+def gather_walk(start, end, page_of, visible_of, refs, sinks_ref, plan, block_k: int,
+                convert=lambda x, which: x) -> None:
+    """The program of kv head ``pl.program_id(1)`` over one tile's keys ``[start, end)``, blocks
+    of ``block_k`` gathered through the page table (the module docstring): ``page_of(entries,
+    real)`` the pages of table entries (read only where ``real``), ``visible_of(rows, keys)`` the
+    mask, ``convert(x, which)`` applied to each gathered K (``which`` 0) and V (1) block.
+    ``refs``: ``(q_ref, k_ref, v_ref, o_ref)``; the rows are written to ``o_ref``."""
+    q_ref, k_ref, v_ref, o_ref = refs
+    j = pl.program_id(1)
     rows_pad, d_pad = q_ref.shape
     d, page_size = plan.head_dim, plan.page_size
-    length = lengths_ref[b]
-    start = first_key(length, plan)
+    end = jnp.maximum(end, 0)
     q = q_ref[...]
     rows = lax.broadcasted_iota(jnp.int32, (rows_pad, block_k), 0)
     columns = j * d + lax.broadcasted_iota(jnp.int32, (1, d_pad), 1)
@@ -55,15 +69,13 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, block_k: int):
 
     def body(block, carry):
         keys = block * block_k + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
-        real = (keys >= start) & (keys < length)  # keys whose page and slot may be read
-        entry = jnp.where(real, lax.div(keys, page_size), 0)
-        page = _masked_load(table_ref, (b, entry), real)
+        real = (keys >= start) & (keys < end)  # keys whose page and slot may be read
+        page = page_of(jnp.where(real, lax.div(keys, page_size), 0), real)
         row = jnp.where(real, page * page_size + lax.rem(keys, page_size), 0)[:, None]
-        where = (row, columns)
         load_mask = real[:, None] & column_real
-        k = _masked_load(k_ref, where, load_mask)
-        v = _masked_load(v_ref, where, load_mask)
-        s = scores(q, k, visible(rows, keys[None, :], length, plan), plan)
+        k, v = (convert(_masked_load(ref, (row, columns), load_mask), which)
+                for which, ref in enumerate((k_ref, v_ref)))
+        s = scores(q, k, visible_of(rows, keys[None, :]), plan)
         return online_softmax_step(s, v, *carry, _columns)
 
     if sinks_ref is not None:
@@ -72,7 +84,7 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, block_k: int):
     else:
         m = jnp.full((rows_pad, 1), -jnp.inf, F32)
         l = jnp.zeros((rows_pad, 1), F32)
-    lo, hi = lax.div(start, block_k), div_up(length, block_k)
+    lo, hi = lax.div(start, block_k), div_up(end, block_k)
     carry = lax.fori_loop(lo, jnp.maximum(hi, lo), body, (m, l, jnp.zeros((rows_pad, d_pad), F32)))
     out, _ = finish(*carry, _columns)
     o_ref[...] = out.astype(o_ref.dtype)

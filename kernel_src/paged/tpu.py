@@ -135,26 +135,63 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, pages_per_step: int)
     q_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf, sems, m_scratch, l_scratch, acc_scratch = refs[:10]
     k_words, v_words = refs[10:] or (None, None)
     b, t = pl.program_id(0), pl.program_id(1)
-    steps = pl.num_programs(1)
     page_size, keys = plan.page_size, pages_per_step * plan.page_size
     rows_pad, hk = plan.rows_pad, plan.num_kv_heads
 
     length = lengths_ref[b]
-    start = first_key(length, plan)
-    first_step = lax.div(start, keys)
-    count = jnp.maximum(div_up(length, keys) - first_step, 0)  # steps that compute
-    first_page, end_page = lax.div(start, page_size), div_up(length, page_size)
     page_rows = page_size * (hk if plan.layout == "rows" else 1)  # buffer rows of one page
+
+    def compute(slot, block, clean):
+        key0 = block * keys
+        tile_rows = lax.broadcasted_iota(jnp.int32, (rows_pad, keys), 0)
+        tile_keys = key0 + lax.broadcasted_iota(jnp.int32, (rows_pad, keys), 1)
+        mask = visible(tile_rows, tile_keys, length, plan)
+        d = plan.head_dim
+        k_heads, v_heads = (Heads(buf.at[slot], hk, plan, words)
+                            for buf, words in ((k_buf, k_words), (v_buf, v_words)))
+        k_heads.copy_words()
+        v_heads.copy_words()
+
+        def head(j: int):
+            s = scores(q_ref[j], k_heads.load(j)[:, :d], mask, plan)
+            v = clean(v_heads.load(j)[:, :d])
+            m, l, acc = online_softmax_step(s, v, m_scratch[j], l_scratch[j], acc_scratch[j],
+                                            _lanes)
+            m_scratch[j], l_scratch[j], acc_scratch[j] = m, l, acc
+        for j in range(hk):  # one region per head: Mosaic schedules one head's tile at a time
+            pl.when(length >= 0)(functools.partial(head, j))
+
+    walk(t, first_key(length, plan), length, lambda i: table_ref[b * plan.pages_per_sequence + i],
+         pages_per_step, page_rows, (k_hbm, v_hbm, k_buf, v_buf, sems, m_scratch, l_scratch,
+                                     acc_scratch), sinks_ref, o_ref, plan, compute)
+
+
+def walk(t, start, end, table_at, pages_per_step: int, page_rows: int, refs, sinks_ref, o_ref,
+         plan, compute) -> None:
+    """Grid step ``t`` of one tile's walk over its keys ``[start, end)``, steps of
+    ``pages_per_step`` table entries (``table_at(i)``: the page of entry ``i``), as the module
+    docstring describes: step 0 starts the statistics (with the sinks: ``row_sinks``) and the
+    first copies; a step that computes starts the next one's copies, waits for its own and calls
+    ``compute(slot, block, clean)``, ``clean(v)`` zeroing the rows of a ``[keys, d]`` V tile that
+    no copy of this step wrote or that lie at or past ``end``; the last grid step stores the
+    rows. ``refs``: ``(k_hbm, v_hbm, k_buf, v_buf, sems, m, l, acc)``; ``page_rows``: the buffer
+    rows of one page."""
+    k_hbm, v_hbm, k_buf, v_buf, sems, m_scratch, l_scratch, acc_scratch = refs
+    page_size, keys = plan.page_size, pages_per_step * plan.page_size
+    end = jnp.maximum(end, 0)
+    first_step = lax.div(start, keys)
+    count = jnp.where(end > start, div_up(end, keys) - first_step, 0)  # steps that compute
+    first_page, end_page = lax.div(start, page_size), div_up(end, page_size)
 
     def each_page(block, slot, action):
         """``action`` on the K and V copy of every page of step block ``block`` that the
-        sequence reaches, into buffer slot ``slot``."""
+        tile reaches, into buffer slot ``slot``."""
         page0 = block * pages_per_step
         lo = jnp.clip(first_page - page0, 0, pages_per_step)
         hi = jnp.clip(end_page - page0, lo, pages_per_step)
 
         def copy(i, carry):
-            page = table_ref[b * plan.pages_per_sequence + page0 + i]
+            page = table_at(page0 + i)
             at = pl.ds(i * page_rows, page_rows)
             action(pltpu.make_async_copy(k_hbm.at[page], k_buf.at[slot, at], sems.at[0, slot]))
             action(pltpu.make_async_copy(v_hbm.at[page], v_buf.at[slot, at], sems.at[1, slot]))
@@ -164,8 +201,8 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, pages_per_step: int)
     @pl.when(t == 0)
     def _start():
         if sinks_ref is not None:
-            rows = lax.broadcasted_iota(jnp.int32, (rows_pad, LANES), 0)
-            for j in range(hk):
+            rows = lax.broadcasted_iota(jnp.int32, (plan.rows_pad, LANES), 0)
+            for j in range(plan.num_kv_heads):
                 m_scratch[j], l_scratch[j] = row_sinks(lambda h: sinks_ref[h], j, rows, plan)
         else:
             m_scratch[...] = jnp.full(m_scratch.shape, -jnp.inf, F32)
@@ -187,32 +224,18 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, pages_per_step: int)
 
         each_page(block, slot, lambda c: c.wait())
         key0 = block * keys
-        tile_rows = lax.broadcasted_iota(jnp.int32, (rows_pad, keys), 0)
-        tile_keys = key0 + lax.broadcasted_iota(jnp.int32, (rows_pad, keys), 1)
-        mask = visible(tile_rows, tile_keys, length, plan)
-        # every V row of this step was copied from a page the sequence reaches, below the length
-        whole = (key0 >= first_page * page_size) & (key0 + keys <= length)
-        d = plan.head_dim
-        v_keys = key0 + lax.broadcasted_iota(jnp.int32, (keys, d), 0)
-        v_real = (v_keys >= first_page * page_size) & (v_keys < length)
-        k_heads, v_heads = (Heads(buf.at[slot], hk, plan, words)
-                            for buf, words in ((k_buf, k_words), (v_buf, v_words)))
-        k_heads.copy_words()
-        v_heads.copy_words()
+        # every V row of this step was copied from a page the tile reaches, below the end
+        whole = (key0 >= first_page * page_size) & (key0 + keys <= end)
 
-        def head(j: int):
-            s = scores(q_ref[j], k_heads.load(j)[:, :d], mask, plan)
-            v = lax.cond(whole, lambda v: v, lambda v: jnp.where(v_real, v, 0).astype(v.dtype),
-                         v_heads.load(j)[:, :d])
-            m, l, acc = online_softmax_step(s, v, m_scratch[j], l_scratch[j], acc_scratch[j],
-                                            _lanes)
-            m_scratch[j], l_scratch[j], acc_scratch[j] = m, l, acc
-        for j in range(hk):  # one region per head: Mosaic schedules one head's tile at a time
-            pl.when(length >= 0)(functools.partial(head, j))
+        def clean(v):
+            v_keys = key0 + lax.broadcasted_iota(jnp.int32, v.shape, 0)
+            real = (v_keys >= first_page * page_size) & (v_keys < end)
+            return lax.cond(whole, lambda v: v, lambda v: jnp.where(real, v, 0).astype(v.dtype), v)
+        compute(slot, block, clean)
 
-    @pl.when(t == steps - 1)
+    @pl.when(t == pl.num_programs(1) - 1)
     def _store():
-        for j in range(hk):
+        for j in range(plan.num_kv_heads):
             out, _ = finish(m_scratch[j], l_scratch[j], acc_scratch[j], _lanes)
             o_ref[j] = out.astype(o_ref.dtype)
 

@@ -7,13 +7,14 @@ Triton's blocks and ``dot`` need), and loops over blocks of ``block_k`` consecut
 block of the item's first visible key to the one holding its last (``plan.key_range``: window,
 causal and length skipping).
 
-Gather, as ``kernel_src.paged.gpu``: the pools seen as ``[num_pages * page_size, kv heads *
-head_dim]`` (a free reshape); key ``t`` of the item's sequence is row ``page_indices[seq, t //
-page_size] * page_size + t % page_size``, loaded with one masked gather per block (any page
-size). Keys outside ``[start, end)`` are masked in the loads (their table entries and slots are
-never read; they load as zeros) and in the logits. Quantized pools are loaded as stored (1 byte
-a number) and dequantized in registers: ``float32(stored) * scale``, rounded to q's dtype.
-Lowered to Triton IR by the tests; never compiled or run on a GPU from this repository.
+Gather, as ``kernel_src.paged.gpu`` (its ``gather_walk``): the pools seen as ``[num_pages *
+page_size, kv heads * head_dim]`` (a free reshape); key ``t`` of the item's sequence is row
+``page_indices[seq, t // page_size] * page_size + t % page_size``, loaded with one masked gather
+per block (any page size). Keys outside ``[start, end)`` are masked in the loads (their table
+entries and slots are never read; they load as zeros) and in the logits. Quantized pools are
+loaded as stored (1 byte a number) and dequantized in registers: ``float32(stored) * scale``,
+rounded to q's dtype. Lowered to Triton IR by the tests; never compiled or run on a GPU from
+this repository.
 """
 
 from __future__ import annotations
@@ -26,9 +27,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernel_src import backend
-from kernel_src.flash.plan import F32, finish, next_power_of_two, online_softmax_step, scores
-from kernel_src.paged.gpu import _columns, _masked_load, _pad_to, _whole
-from kernel_src.paged.plan import div_up, row_sinks
+from kernel_src.flash.plan import next_power_of_two
+from kernel_src.paged.gpu import _masked_load, _pad_to, _whole, gather_walk
 from kernel_src.ragged.plan import RaggedPlan, dequantize, key_range, visible
 
 
@@ -41,41 +41,16 @@ def _kernel(seq_ref, len_ref, qlen_ref, j0_ref, table_ref, *refs, plan: RaggedPl
     refs = refs[int(plan.quantized):]
     sinks_ref = refs[0] if plan.sinks else None
     q_ref, k_ref, v_ref, o_ref = refs[int(plan.sinks):]
-    w, j = pl.program_id(0), pl.program_id(1)
-    rows_pad, d_pad = q_ref.shape
-    d, page_size = plan.head_dim, plan.page_size
+    w = pl.program_id(0)
     seq, length, q_len, j0 = seq_ref[w], len_ref[w], qlen_ref[w], j0_ref[w]
     start, end = key_range(length, q_len, j0, plan)
-    k_scale = scales_ref[0] if scales_ref is not None else None
-    v_scale = scales_ref[1] if scales_ref is not None else None
-    q = q_ref[...]
-    rows = lax.broadcasted_iota(jnp.int32, (rows_pad, block_k), 0)
-    columns = j * d + lax.broadcasted_iota(jnp.int32, (1, d_pad), 1)
-    column_real = lax.broadcasted_iota(jnp.int32, (1, d_pad), 1) < d
+    scale = (None, None) if scales_ref is None else (scales_ref[0], scales_ref[1])
 
-    def body(block, carry):
-        keys = block * block_k + lax.broadcasted_iota(jnp.int32, (block_k,), 0)
-        real = (keys >= start) & (keys < end)  # keys whose page and slot may be read
-        entry = jnp.where(real, lax.div(keys, page_size), 0)
-        page = _masked_load(table_ref, (seq, entry), real)
-        row = jnp.where(real, page * page_size + lax.rem(keys, page_size), 0)[:, None]
-        load_mask = real[:, None] & column_real
-        k, v = (dequantize(lax.bitcast_convert_type(_masked_load(ref, (row, columns), load_mask),
-                                                    stored), scale, q.dtype)
-                for ref, scale in ((k_ref, k_scale), (v_ref, v_scale)))
-        s = scores(q, k, visible(rows, keys[None, :], length, q_len, j0, plan), plan)
-        return online_softmax_step(s, v, *carry, _columns)
-
-    if sinks_ref is not None:
-        m, l = row_sinks(lambda h: sinks_ref[h], j,
-                         lax.broadcasted_iota(jnp.int32, (rows_pad, 1), 0), plan)
-    else:
-        m = jnp.full((rows_pad, 1), -jnp.inf, F32)
-        l = jnp.zeros((rows_pad, 1), F32)
-    lo, hi = lax.div(start, block_k), div_up(jnp.maximum(end, 0), block_k)
-    carry = lax.fori_loop(lo, jnp.maximum(hi, lo), body, (m, l, jnp.zeros((rows_pad, d_pad), F32)))
-    out, _ = finish(*carry, _columns)
-    o_ref[...] = out.astype(o_ref.dtype)
+    def convert(x, which):
+        return dequantize(lax.bitcast_convert_type(x, stored), scale[which], q_ref.dtype)
+    gather_walk(start, end, lambda entry, real: _masked_load(table_ref, (seq, entry), real),
+                lambda rows, keys: visible(rows, keys, length, q_len, j0, plan),
+                (q_ref, k_ref, v_ref, o_ref), sinks_ref, plan, block_k, convert)
 
 
 def forward(q_rows, k_pages, v_pages, items, page_indices, scales, sinks, plan: RaggedPlan,

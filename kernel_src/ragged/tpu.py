@@ -12,14 +12,14 @@ row ``j0``), the page table flattened to ``[max_seqs * pages_per_sequence]``, wi
 pool fp32 ``[2]`` (``k_scale``, ``v_scale``) and with sinks fp32 ``[num_q_heads]``. The table
 is not split: it must fit SMEM with the rest (1 MiB up to v6e: 64 sequences of 2,048 entries).
 
-DMA, as ``kernel_src.paged.tpu``'s layout "heads": the pools stay in HBM (``pl.ANY``); each page
-``[page_size, kv heads, head_dim]`` a step reaches is one async copy per pool, in the pool's
-dtype (int8 and fp8 pages move 1 byte a number), into a VMEM buffer ``[2, keys_per_step, kv
-heads, head_dim]``, the next step's copies landing in one slot while the step computes on the
-other. A copied page is dequantized in VMEM (``float32(stored) * scale``, rounded to q's
-dtype) before its matmul. Buffer slots no copy of this step wrote and slots past ``end`` are
-masked in the logits (``where``) and zeroed in V, so neither NaN nor stale data reaches
-``P·V``.
+DMA, as ``kernel_src.paged.tpu``'s layout "heads" (its ``walk``): the pools stay in HBM
+(``pl.ANY``); each page ``[page_size, kv heads, head_dim]`` a step reaches is one async copy per
+pool, in the pool's dtype (int8 and fp8 pages move 1 byte a number), into a VMEM buffer ``[2,
+keys_per_step, kv heads, head_dim]``, the next step's copies landing in one slot while the step
+computes on the other. A copied page is dequantized in VMEM (``float32(stored) * scale``,
+rounded to q's dtype) before its matmul. Buffer slots no copy of this step wrote and slots past
+``end`` are masked in the logits (``where``) and zeroed in V, so neither NaN nor stale data
+reaches ``P·V``.
 
 Tiles: a step walks the kv heads in a static loop, each with its group's query heads and the
 item's rows as one ``[rows_pad, head_dim]`` tile; running max and sum fp32 lane-replicated
@@ -42,9 +42,9 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import tpu as pltpu
 
 from kernel_src import backend
-from kernel_src.flash.plan import F32, LANES, finish, online_softmax_step, scores
+from kernel_src.flash.plan import F32, LANES, online_softmax_step, scores
 from kernel_src.flash.tpu import _lanes
-from kernel_src.paged.plan import div_up, row_sinks
+from kernel_src.paged.tpu import walk
 from kernel_src.ragged.plan import RaggedPlan, dequantize, key_range, visible
 
 
@@ -57,83 +57,30 @@ def _kernel(seq_ref, len_ref, qlen_ref, j0_ref, table_ref, *refs, plan: RaggedPl
     refs = refs[int(plan.sinks):]
     q_ref, k_hbm, v_hbm, o_ref, k_buf, v_buf, sems, m_scratch, l_scratch, acc_scratch = refs
     w, t = pl.program_id(0), pl.program_id(1)
-    steps = pl.num_programs(1)
-    page_size, keys = plan.page_size, pages_per_step * plan.page_size
-    rows_pad, hk, d = plan.rows_pad, plan.num_kv_heads, plan.head_dim
-
+    keys, rows_pad = pages_per_step * plan.page_size, plan.rows_pad
     seq, length, q_len, j0 = seq_ref[w], len_ref[w], qlen_ref[w], j0_ref[w]
     start, end = key_range(length, q_len, j0, plan)
-    first_step = lax.div(start, keys)
-    count = jnp.where(end > start, div_up(jnp.maximum(end, 0), keys) - first_step, 0)
-    first_page, end_page = lax.div(start, page_size), div_up(jnp.maximum(end, 0), page_size)
+    k_scale = scales_ref[0] if scales_ref is not None else None
+    v_scale = scales_ref[1] if scales_ref is not None else None
 
-    def each_page(block, slot, action):
-        """``action`` on the K and V copy of every page of step block ``block`` the item
-        reaches, into buffer slot ``slot``."""
-        page0 = block * pages_per_step
-        lo = jnp.clip(first_page - page0, 0, pages_per_step)
-        hi = jnp.clip(end_page - page0, lo, pages_per_step)
-
-        def copy(i, carry):
-            page = table_ref[seq * plan.pages_per_sequence + page0 + i]
-            at = pl.ds(i * page_size, page_size)
-            action(pltpu.make_async_copy(k_hbm.at[page], k_buf.at[slot, at], sems.at[0, slot]))
-            action(pltpu.make_async_copy(v_hbm.at[page], v_buf.at[slot, at], sems.at[1, slot]))
-            return carry
-        lax.fori_loop(lo, hi, copy, 0)
-
-    @pl.when(t == 0)
-    def _start():
-        if sinks_ref is not None:
-            rows = lax.broadcasted_iota(jnp.int32, (rows_pad, LANES), 0)
-            for j in range(hk):
-                m_scratch[j], l_scratch[j] = row_sinks(lambda h: sinks_ref[h], j, rows, plan)
-        else:
-            m_scratch[...] = jnp.full(m_scratch.shape, -jnp.inf, F32)
-            l_scratch[...] = jnp.zeros(l_scratch.shape, F32)
-        acc_scratch[...] = jnp.zeros(acc_scratch.shape, F32)
-
-        @pl.when(count > 0)
-        def _first_copies():
-            each_page(first_step, 0, lambda c: c.start())
-
-    @pl.when(t < count)
-    def _step():
-        slot = lax.rem(t, 2)
-        block = first_step + t
-
-        @pl.when(t + 1 < count)
-        def _next_copies():
-            each_page(block + 1, 1 - slot, lambda c: c.start())
-
-        each_page(block, slot, lambda c: c.wait())
+    def compute(slot, block, clean):
         key0 = block * keys
         tile_rows = lax.broadcasted_iota(jnp.int32, (rows_pad, keys), 0)
         tile_keys = key0 + lax.broadcasted_iota(jnp.int32, (rows_pad, keys), 1)
         mask = visible(tile_rows, tile_keys, length, q_len, j0, plan)
-        # every V row of this step was copied from a page the item reaches, below its end
-        whole = (key0 >= first_page * page_size) & (key0 + keys <= end)
-        v_keys = key0 + lax.broadcasted_iota(jnp.int32, (keys, d), 0)
-        v_real = (v_keys >= first_page * page_size) & (v_keys < end)
-        k_scale = scales_ref[0] if scales_ref is not None else None
-        v_scale = scales_ref[1] if scales_ref is not None else None
 
         def head(j: int):
             k = dequantize(k_buf[slot, :, j, :], k_scale, q_ref.dtype)
-            v = dequantize(v_buf[slot, :, j, :], v_scale, q_ref.dtype)
-            s = scores(q_ref[j], k, mask, plan)
-            v = lax.cond(whole, lambda v: v, lambda v: jnp.where(v_real, v, 0).astype(v.dtype), v)
-            m, l, acc = online_softmax_step(s, v, m_scratch[j], l_scratch[j], acc_scratch[j],
-                                            _lanes)
+            v = clean(dequantize(v_buf[slot, :, j, :], v_scale, q_ref.dtype))
+            m, l, acc = online_softmax_step(scores(q_ref[j], k, mask, plan), v, m_scratch[j],
+                                            l_scratch[j], acc_scratch[j], _lanes)
             m_scratch[j], l_scratch[j], acc_scratch[j] = m, l, acc
-        for j in range(hk):  # one region per head: Mosaic schedules one head's tile at a time
+        for j in range(plan.num_kv_heads):  # one region per head, as paged.tpu
             pl.when(length >= 0)(functools.partial(head, j))
 
-    @pl.when(t == steps - 1)
-    def _store():
-        for j in range(hk):
-            out, _ = finish(m_scratch[j], l_scratch[j], acc_scratch[j], _lanes)
-            o_ref[j] = out.astype(o_ref.dtype)
+    walk(t, start, end, lambda i: table_ref[seq * plan.pages_per_sequence + i], pages_per_step,
+         plan.page_size, (k_hbm, v_hbm, k_buf, v_buf, sems, m_scratch, l_scratch, acc_scratch),
+         sinks_ref, o_ref, plan, compute)
 
 
 def _least_cost(plan: RaggedPlan, pool_itemsize: int, itemsize: int) -> pl.CostEstimate:
