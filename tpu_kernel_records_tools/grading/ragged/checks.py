@@ -10,7 +10,8 @@ sequences between others, so every boundary between sequences is probed in every
 
 * ragged-output: the output has q's shape and dtype (float32 and bfloat16).
 * ragged-accuracy: every slot but ``long`` (page sizes 16, 32, 64, 128, 256 and one no power of two; head_dim 64,
-  128, 256; groups 1-8; 5-64 sequences), causal, and two of them without causal, within the forward bound.
+  128, 256; groups 1-8; 5-64 sequences), causal, and two of them without causal (one with a given scale), within
+  the forward bound.
 * ragged-garbage: the same keys with the pool's other slots +-Inf, then +-1e38; padding rows +-Inf, then +-1e38;
   the arrays past ``num_seqs`` redrawn twice (offsets unsorted, inside the real rows); the table's trailing entries
   re-pointed: not one bit of a graded row may change.
@@ -96,10 +97,10 @@ def check_ragged_output(ctx: Context) -> Outcome:
 def check_ragged_accuracy(ctx: Context) -> Outcome:
     s = slots(ctx)
     ps = problems(ctx, "ragged-accuracy", lambda r: [draw(r(n), s[name]) for n, name in enumerate(EDGE_SLOTS)] + [
-        draw(r(10), s["serve16"], causal=False), draw(r(11), s["odd"], causal=False)])
+        draw(r(10), s["serve16"], causal=False), draw(r(11), s["odd"], causal=False, scale=0.3)])
     sizes = sorted({p.slot.page_size for p in ps})
     return _accurate(ctx, ps, f"{len(ps)} ragged calls (page sizes {sizes}; decode rows, chunks, whole prompts and "
-                              f"empty sequences mixed; causal and not) within the forward bound")
+                              f"empty sequences mixed; causal and not; a given scale) within the forward bound")
 
 
 def check_ragged_garbage(ctx: Context) -> Outcome:

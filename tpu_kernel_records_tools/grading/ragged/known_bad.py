@@ -76,6 +76,8 @@ class RaggedSwitches(NamedTuple):
     identity_table: bool = False       # sequence i's page c is page i * pages_per_sequence + c
     window_page_floor: bool = False    # the window's left edge rounded down to its page's first key
     window_right_clamped: bool = False  # the window's right edge clamped to the row's position
+    window_skip_from_last_row: bool = False  # a page skipped for all rows when left of the LAST row's window
+    ignores_scale: bool = False        # a given scale ignored: head_dim ** -0.5 always
     softcap_after_mask: bool = False   # the cap applied after masking: masked keys at -softcap, not -inf
     sinks_scaled: bool = False         # the sink multiplied by the softmax scale
     no_descale: bool = False           # a quantized pool's stored numbers used without k_scale, v_scale
@@ -99,7 +101,7 @@ def _ragged_bugs(q, k_pages, v_pages, kv_lengths, page_indices, cu_q_lens, num_s
     dims = check_ragged_inputs(q, k_pages, v_pages, kv_lengths, page_indices, cu_q_lens, num_seqs, k_scale, v_scale)
     t, hk, g, d, span = dims.num_tokens, dims.num_kv_heads, dims.group, dims.head_dim, dims.max_length
     n, ps, pps = dims.num_pages, dims.page_size, dims.pages_per_sequence
-    scale = default_scale(d, scale)
+    scale = jnp.where(sw.ignores_scale, d ** -0.5, default_scale(d, scale))
     cu = cu_q_lens.astype(jnp.int32)
     owner, graded = _owners(cu, num_seqs.astype(jnp.int32), t, sw)
     q_len, start = cu[owner + 1] - cu[owner], cu[owner]
@@ -133,6 +135,8 @@ def _ragged_bugs(q, k_pages, v_pages, kv_lengths, page_indices, cu_q_lens, num_s
         if left is not None:
             edge = p - left
             mask &= j[None, :] >= jnp.where(sw.window_page_floor, edge // ps * ps, edge)
+            skipped = j[None, :] // ps * ps + ps - 1 < length[:, None] - 1 - left  # by the sequence's last row
+            mask &= ~(skipped & sw.window_skip_from_last_row)
         if right is not None:
             mask &= j[None, :] <= jnp.where(sw.window_right_clamped, p, p + right)
     mask = mask[:, None, None, :]
@@ -289,6 +293,11 @@ RAGGED_ENTRIES: tuple[RaggedEntry, ...] = (
          window_page_floor=True),
     _bad("ragged-window-right-clamped", "The window's right edge clamped to the row's position: right > 0 without "
          "causal sees no key past the row.", ("ragged-window",), window_right_clamped=True),
+    _bad("ragged-window-skip-from-last-row", "Skips a page for every row of a sequence when the page lies left of "
+         "the LAST row's window: decided from one row, so a chunk's earlier rows lose keys there.", ("ragged-window",),
+         window_skip_from_last_row=True),
+    _bad("ragged-ignores-scale", "A given scale ignored: head_dim ** -0.5 always.", ("ragged-accuracy",),
+         ignores_scale=True),
     _bad("ragged-softcap-after-mask", "The cap applied after masking: masked keys get logit -softcap instead of "
          "-inf and take probability.", ("ragged-softcap",), softcap_after_mask=True),
     _bad("ragged-sinks-scaled", "The sink logit multiplied by the softmax scale.", ("ragged-sinks",), sinks_scaled=True),

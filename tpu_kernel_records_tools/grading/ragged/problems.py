@@ -196,10 +196,11 @@ def _shown(xs) -> str:
     return str(xs) if len(xs) <= 12 else f"{len(xs)} in [{min(xs)}, {max(xs)}]"
 
 
-def draw(rng: np.random.Generator, slot: RaggedSlot, *, tag: str = "", causal: bool = True, window=None,
+def draw(rng: np.random.Generator, slot: RaggedSlot, *, tag: str = "", causal: bool = True, scale: float | None = None,
+         window=None,
          softcap: float | None = None, q_boost: float = 1.0, sinks=None, quantized: str | None = None,
          value_scales: tuple[float, float] = (1.0, 1.0), scale_arrays: bool = False) -> RaggedProblem:
-    """A problem at ``slot`` (module docstring): N(0, 1) q (times ``q_boost``) and keys; ``quantized`` (a key of
+    """A call at ``slot`` (module docstring): N(0, 1) q (times ``q_boost``) and keys; ``quantized`` (a key of
     ``QUANTIZED``) stores the pool in that dtype with k_scale, v_scale times ``value_scales``."""
     n, full = slot.num_seqs, slot.page_size * slot.pages_per_sequence
     real_table, holds = layout(rng, slot.paged)
@@ -225,7 +226,8 @@ def draw(rng: np.random.Generator, slot: RaggedSlot, *, tag: str = "", causal: b
         pools.append(pool)
     q = rng.standard_normal((slot.num_tokens, slot.num_q_heads, slot.head_dim), np.float32) * q_boost
     q[int(cu[n]):] = np.nan
-    flags = [f for f, on in (("causal", causal), (f"window={window}", window is not None),
+    flags = [f for f, on in (("causal", causal), (f"scale={scale}", scale is not None),
+                             (f"window={window}", window is not None),
                              (f"softcap={softcap:g}" if softcap else "", softcap is not None),
                              ("sinks", sinks is not None),
                              (f"{quantized} k_scale={scales[0]:.3g} v_scale={scales[1]:.3g}" if quantized else "",
@@ -233,5 +235,5 @@ def draw(rng: np.random.Generator, slot: RaggedSlot, *, tag: str = "", causal: b
     label = (f"{slot.describe()} {SHORT[slot.dtype]} {'+'.join(flags) or 'not causal'} q_lens={_shown(slot.q_lens)} "
              f"kv_lens={_shown(slot.kv_lens)}{' ' + tag if tag else ''}")
     return RaggedProblem(label, slot, q, *pools, lengths, table, cu, np.array([n], np.int32), holds, causal=causal,
-                         window=window, softcap=softcap, sinks=sinks, k_scale=scales[0], v_scale=scales[1],
+                         scale=scale, window=window, softcap=softcap, sinks=sinks, k_scale=scales[0], v_scale=scales[1],
                          scale_arrays=scale_arrays)
