@@ -131,3 +131,22 @@ def test_the_truths_float64_copy_of_bfloat16_keeps_every_value():
     finite = every[np.isfinite(every.astype(np.float32))]
     got, want = as_f64(finite.reshape(2, -1)), finite.astype(np.float32).astype(np.float64).reshape(2, -1)
     assert got.dtype == np.float64 and got.tobytes() == want.tobytes()
+
+
+def test_the_remembered_errors_stay_bounded_with_judges_on_threads(monkeypatch):
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tpu_kernel_records_tools.grading import tolerance
+
+    monkeypatch.setattr(tolerance, "REFERENCE_ERRORS_KEPT", 4)
+    rng = np.random.default_rng(4)
+    kept = [rng.standard_normal((2, 8)) for _ in range(40)]  # alive throughout: never pruned as dead
+
+    def judged(n):
+        truth = kept[n]
+        v = tolerance.judge("x", truth, truth, truth + 1e-6, "float32", gradient=False, magnitude=np.abs(truth) + 1)
+        return v.ok and v.baseline.norm > 0
+
+    with ThreadPoolExecutor(4) as pool:
+        assert all(pool.map(judged, range(40)))
+    assert len(tolerance._REFERENCE_ERRORS) <= 4

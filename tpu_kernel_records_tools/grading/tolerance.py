@@ -125,6 +125,7 @@ trusting these constants there.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from dataclasses import dataclass
 from typing import Mapping, Sequence
@@ -277,6 +278,7 @@ def judge(label: str, candidate: np.ndarray, truth: np.ndarray, baseline: np.nda
 
 _REFERENCE_ERRORS: dict = {}  # ids of (truth, magnitude, baseline, *alternatives) -> (weak references, scales, error)
 REFERENCE_ERRORS_KEPT = 4096
+_REFERENCE_ERRORS_LOCK = threading.Lock()  # measure grades several candidates at once, a thread each
 
 
 def _reference_error(truth: np.ndarray, magnitude: np.ndarray, baseline: np.ndarray,
@@ -286,7 +288,8 @@ def _reference_error(truth: np.ndarray, magnitude: np.ndarray, baseline: np.ndar
     candidate judged on one problem (a calibration's seven, a run's kernels) shares them."""
     arrays = (truth, magnitude, baseline, *alternatives)
     key = tuple(map(id, arrays))
-    kept = _REFERENCE_ERRORS.get(key)
+    with _REFERENCE_ERRORS_LOCK:
+        kept = _REFERENCE_ERRORS.get(key)
     if kept is not None and all(ref() is a for ref, a in zip(kept[0], arrays)):
         return kept[1], kept[2]
     scales = magnitude_scales(magnitude)
@@ -298,12 +301,13 @@ def _reference_error(truth: np.ndarray, magnitude: np.ndarray, baseline: np.ndar
         refs = tuple(weakref.ref(a) for a in arrays)
     except TypeError:  # not an array that can be referred to weakly: not remembered
         return scales, base
-    if len(_REFERENCE_ERRORS) >= REFERENCE_ERRORS_KEPT:
-        for dead in [k for k, (rs, _, _) in _REFERENCE_ERRORS.items() if any(r() is None for r in rs)]:
-            del _REFERENCE_ERRORS[dead]
+    with _REFERENCE_ERRORS_LOCK:
         if len(_REFERENCE_ERRORS) >= REFERENCE_ERRORS_KEPT:
-            _REFERENCE_ERRORS.clear()
-    _REFERENCE_ERRORS[key] = (refs, scales, base)
+            for dead in [k for k, (rs, _, _) in _REFERENCE_ERRORS.items() if any(r() is None for r in rs)]:
+                del _REFERENCE_ERRORS[dead]
+            if len(_REFERENCE_ERRORS) >= REFERENCE_ERRORS_KEPT:
+                _REFERENCE_ERRORS.clear()
+        _REFERENCE_ERRORS[key] = (refs, scales, base)
     return scales, base
 
 
