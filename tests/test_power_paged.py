@@ -13,6 +13,7 @@ import release_fixtures as testing
 from tpu_kernel_records_tools.builder import card, rules, tables
 from tpu_kernel_records_tools.builder.grader_power import power_documents
 from tpu_kernel_records_tools.sweeps import power as P
+from tpu_kernel_records_tools.grading import contracts
 from tpu_kernel_records_tools.grading.candidates import BUILTIN, PAGED_BUILTIN, resolve
 from tpu_kernel_records_tools.grading.rubric import CheckResult, Scorecard
 from tpu_kernel_records_tools.records import rawio
@@ -34,11 +35,13 @@ def swept(monkeypatch) -> dict:
     return P.measure_power(seeds=2, candidates=SWEPT, progress=False, level="quick")
 
 
-def test_the_default_sweep_holds_every_paged_builtin():
+def test_the_default_sweep_holds_every_builtin_of_every_contract():
     names = P.default_candidates()
-    paged = [n for n in names if n in PAGED_BUILTIN]
-    assert paged and names == [n for n in names if n in BUILTIN] + paged  # dense first, then paged
-    assert {n for n, c in PAGED_BUILTIN.items() if c.kind != "kernel"} <= set(paged)
+    by_contract = {c.name: [n for n in names if n in c.builtins] for c in contracts.CONTRACTS.values()}
+    assert names == [n for c in contracts.CONTRACTS.values() for n in by_contract[c.name]]  # dense, paged, ragged
+    for c in contracts.CONTRACTS.values():
+        assert by_contract[c.name] and {n for n, b in c.builtins.items() if b.kind != "kernel"} <= set(by_contract[c.name])
+    assert set(by_contract["paged"]) <= set(PAGED_BUILTIN) and set(by_contract["attention"]) <= set(BUILTIN)
 
 
 def test_paged_entries_carry_their_contract_and_their_own_totals(swept):

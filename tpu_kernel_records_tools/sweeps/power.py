@@ -45,8 +45,8 @@ CORRECT_KINDS = ("reference", "kernel", "correct-variant")
 
 
 def default_candidates() -> list[str]:
-    """Every built-in of both contracts, dense then paged: the correct ones (kernels only where they import)
-    and every known-bad one."""
+    """Every built-in of every contract (dense, paged, ragged, in that order): the correct ones (kernels only
+    where they import) and every known-bad one."""
     names = []
     for name, cand in builtins().items():
         if cand.kind == "kernel":
