@@ -50,6 +50,8 @@ class Runner:
     its descendants.
     """
 
+    holes = True  # a large input's all-zero chunks are never resident in the worker (``sandbox.worker``)
+
     def __init__(self, candidate: str | Candidate, *, time_limit_s: float = DEFAULT_TIME_LIMIT_S,
                  memory_limit_gb: float = DEFAULT_MEMORY_LIMIT_GB, isolation: str = "process", level: str = "full"):
         self.candidate = resolve(candidate)

@@ -19,7 +19,7 @@ and reports "inputs modified" if the candidate wrote into them.
 
 from __future__ import annotations
 
-from ..sandbox.worker import DTYPE_NAMES, Server, _add_xla_flags, _first_line
+from ..sandbox.worker import DTYPE_NAMES, HOLE_CHUNK, HOLE_MIN, Server, _add_xla_flags, _first_line, zero_chunks
 
 SERVICE = "tpu_kernel_records_tools.grading.serve:AttentionServer"  # what Runner's workers serve
 
@@ -43,8 +43,23 @@ class AttentionServer(Server):
 
     def _copies(self, arrays) -> list:
         """The inputs' bytes before the call, copied (compared after it: a copy and a comparison cost a fraction
-        of the SHA-256 digests they replace)."""
-        return [self._bytes(a).copy() for a in arrays]
+        of the SHA-256 digests they replace); of an array of ``HOLE_MIN`` bytes or more, which chunks are zero and
+        a copy of the others (a copy of its zeros would make a pool the transport kept sparse resident)."""
+        return [self._snapshot(self._bytes(a)) for a in arrays]
+
+    def _snapshot(self, flat):
+        if flat.nbytes < HOLE_MIN:
+            return flat.copy()
+        zero = zero_chunks(flat)
+        return zero, {i: flat[i * HOLE_CHUNK:(i + 1) * HOLE_CHUNK].copy() for i, z in enumerate(zero) if not z}
+
+    def _unchanged(self, before, flat) -> bool:
+        if not isinstance(before, tuple):
+            return self.array_equal(before, flat)
+        zero, kept = before
+        now = zero_chunks(flat)
+        return len(now) == len(zero) and all(n for n, z in zip(now, zero) if z) and all(
+            self.array_equal(x, flat[i * HOLE_CHUNK:(i + 1) * HOLE_CHUNK]) for i, x in kept.items())
 
     def handle(self, header: dict, arrays: list) -> tuple[dict, list]:
         op = header.get("op")
@@ -167,5 +182,5 @@ class AttentionServer(Server):
                 return {"ok": False, "error": f"{name} has dtype {getattr(x, 'dtype', '?')}, not a real "
                                                f"number type"}, []
             host.append(x)
-        modified = [n for n, a, b in zip(names, before, given) if not self.array_equal(a, self._bytes(b))]
+        modified = [n for n, a, b in zip(names, before, given) if not self._unchanged(a, self._bytes(b))]
         return {"ok": True, "inputs_modified": modified}, host

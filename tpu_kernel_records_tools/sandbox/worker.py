@@ -18,7 +18,11 @@ reads frames, rebinds functions or changes JAX's global config only affects itse
 
 Wire format (both directions, also used by ``sandbox.sandbox``): an 8-byte little-endian header length,
 a JSON header (``arrays`` lists ``{"dtype", "shape"}``), then each array's C-order bytes. No pickle
-crosses from the worker to the grader.
+crosses from the worker to the grader. From the grader, an array of :data:`HOLE_MIN` bytes or more is sent without
+its all-zero chunks of :data:`HOLE_CHUNK` bytes (its spec's ``data`` lists the ``[start, end)`` byte spans that
+follow): the worker reads it into a 64-byte aligned ``np.zeros`` buffer, whose holes are never touched, so a pool of
+gigabytes of zeros stays out of resident memory, and ``jax.device_put`` on a CPU aliases an aligned buffer instead
+of copying it. The worker's replies are always dense.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ import struct
 import sys
 
 HEADER_LIMIT = 1 << 20  # bytes: a JSON header larger than this is a protocol violation
+HOLE_MIN = 64 << 20     # bytes: an array the grader sends this large goes without its all-zero chunks
+HOLE_CHUNK = 1 << 20    # bytes per chunk (a multiple of 8)
+ALIGNMENT = 64          # bytes: XLA:CPU aliases a host buffer aligned so in device_put, and copies it otherwise
 OPEN_FILES = 4096       # RLIMIT_NOFILE of a worker
 DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
                "float16", "bfloat16", "float32", "float64", "float8_e4m3fn")
@@ -52,20 +59,59 @@ def dtype_of(name: str):
     return np.dtype(name)
 
 
-def encode(header: dict, arrays=()) -> list:
-    """The frame of ``header`` and ``arrays`` as a list of bytes-like chunks."""
+def encode(header: dict, arrays=(), *, holes: bool = True) -> list:
+    """The frame of ``header`` and ``arrays`` as a list of bytes-like chunks; ``holes``: arrays of :data:`HOLE_MIN`
+    bytes or more go without their all-zero chunks (module docstring)."""
     import numpy as np
 
     arrays = [np.ascontiguousarray(a).reshape(np.shape(a)) for a in arrays]  # (ascontiguousarray makes 0-d 1-d)
-    header = dict(header, arrays=[{"dtype": str(a.dtype), "shape": list(a.shape)} for a in arrays])
-    head = json.dumps(header, allow_nan=False).encode()
-    return [struct.pack("<Q", len(head)), head, *(_bytes_view(a) for a in arrays)]
+    specs, data = [], []
+    for a in arrays:
+        spec, flat = {"dtype": str(a.dtype), "shape": list(a.shape)}, _bytes_of(a)
+        spans = data_spans(flat) if holes and flat.nbytes >= HOLE_MIN else [(0, flat.nbytes)]
+        if holes and flat.nbytes >= HOLE_MIN:
+            spec["data"] = [list(span) for span in spans]
+        specs.append(spec)
+        data += [memoryview(flat[start:end]) for start, end in spans]
+    head = json.dumps(dict(header, arrays=specs), allow_nan=False).encode()
+    return [struct.pack("<Q", len(head)), head, *data]
 
 
-def _bytes_view(a) -> memoryview:
-    """The bytes of a C-contiguous array (bfloat16 has no buffer-protocol format, so view it as uint8)."""
+def _bytes_of(a):
+    """The bytes of a C-contiguous array as a uint8 array (bfloat16 has no buffer-protocol format)."""
+    return a.reshape(-1).view("u1")
+
+
+def zero_chunks(flat) -> list[bool]:
+    """Which :data:`HOLE_CHUNK`-byte chunks of ``flat`` (1-d uint8) are all zero, in order. It only reads (an
+    untouched page of an ``np.zeros`` buffer stays out of resident memory) and calls array methods alone (a
+    candidate cannot rebind them)."""
+    whole = flat.nbytes // HOLE_CHUNK * HOLE_CHUNK
+    zero = (~flat[:whole].view("u8").reshape(-1, HOLE_CHUNK // 8).any(axis=1)).tolist()
+    return zero if whole == flat.nbytes else [*zero, not flat[whole:].any()]
+
+
+def data_spans(flat) -> list[tuple[int, int]]:
+    """The ``[start, end)`` byte spans of ``flat`` (1-d uint8) that hold its chunks with a non-zero byte."""
+    spans: list[tuple[int, int]] = []
+    for i, zero in enumerate(zero_chunks(flat)):
+        start, end = i * HOLE_CHUNK, min((i + 1) * HOLE_CHUNK, flat.nbytes)
+        if zero:
+            continue
+        if spans and spans[-1][1] == start:
+            spans[-1] = (spans[-1][0], end)
+        else:
+            spans.append((start, end))
+    return spans
+
+
+def aligned_zeros(nbytes: int):
+    """A writable uint8 array of ``nbytes`` zeros at a :data:`ALIGNMENT`-byte boundary (``np.zeros``: calloc'd, so
+    pages nobody writes are never resident)."""
     import numpy as np
-    return memoryview(a.reshape(-1).view(np.uint8))
+    raw = np.zeros(nbytes + ALIGNMENT, np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    return raw[start:start + nbytes]
 
 
 def _no_constant(name: str):
@@ -98,30 +144,53 @@ def decode_header(head: bytes) -> tuple[dict, list[tuple[object, tuple[int, ...]
 # --------------------------------------------------------------------------------------------------
 # Worker side: blocking reads and writes (the grader bounds how long it waits).
 
-def _read_exact(fd: int, n: int) -> bytearray:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
+def _read_into(fd: int, view) -> None:
+    view, got = memoryview(view).cast("B"), 0
+    while got < view.nbytes:
         chunk = os.readv(fd, [view[got:]])
         if chunk == 0:
             raise EOFError("the grader closed the pipe")
         got += chunk
+
+
+def _read_exact(fd: int, n: int) -> bytearray:
+    buf = bytearray(n)
+    _read_into(fd, buf)
     return buf
 
 
-def _receive(fd: int):
-    import numpy as np
+def _spans(spec: dict, nbytes: int) -> list[tuple[int, int]]:
+    """The byte spans an array's spec says follow (all of it without ``data``); ProtocolError unless they are
+    sorted, disjoint and inside the array."""
+    spans = spec.get("data", [[0, nbytes]])
+    end = 0
+    if not isinstance(spans, list) or not all(isinstance(x, list) and len(x) == 2 and type(x[0]) is int and
+                                              type(x[1]) is int for x in spans):
+        raise ProtocolError(f"bad data spans {reprlib.repr(spans)}")
+    for start, stop in spans:
+        if not end <= start <= stop <= nbytes:
+            raise ProtocolError(f"data span [{start}, {stop}) out of order or past {nbytes} bytes")
+        end = stop
+    return [tuple(x) for x in spans]
 
+
+def _receive(fd: int):
     (length,) = struct.unpack("<Q", _read_exact(fd, 8))
     if length > HEADER_LIMIT:
         raise ProtocolError(f"header of {length} bytes")
     header, specs = decode_header(bytes(_read_exact(fd, length)))
-    arrays = [np.frombuffer(_read_exact(fd, nbytes), dtype).reshape(shape) for dtype, shape, nbytes in specs]
+    arrays = []
+    for (dtype, shape, nbytes), spec in zip(specs, header.get("arrays", [])):
+        spans = _spans(spec, nbytes)
+        buf = aligned_zeros(nbytes)
+        for start, end in spans:
+            _read_into(fd, buf[start:end])
+        arrays.append(buf.view(dtype).reshape(shape))
     return header, arrays
 
 
 def _send(fd: int, header: dict, arrays=()) -> None:
-    for chunk in encode(header, arrays):
+    for chunk in encode(header, arrays, holes=False):
         view = memoryview(chunk).cast("B")
         while view.nbytes:
             view = view[os.write(fd, view):]

@@ -27,11 +27,14 @@ sequences between others, so every boundary between sequences is probed in every
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from ...grading.check_context import CheckSpec, Outcome, _first_difference, _summarize
 from ...grading.dense.checks import Context, problems
 from ...grading.paged.checks import _sinks, _values_along_keys  # (they take a ragged slot and problem as well)
+from ...grading.ragged import big_pool
 from ...grading.ragged.problems import RaggedProblem, draw
 from ...grading.ragged.slots import EDGE_SLOTS, RaggedSlot, draw_ragged_slots
 from ...grading.tolerance import Verdict, judge
@@ -135,10 +138,20 @@ def check_ragged_long(ctx: Context) -> Outcome:
         p = draw(r(0), s["long"])
         return [p, _values_along_keys(p, r(1))]
     ps = problems(ctx, "ragged-long", build)
-    p = ps[0]
-    return _accurate(ctx, ps, f"kv_lens {list(p.slot.kv_lens)} in bfloat16, page indices up to "
-                              f"{int(p.table[:p.slot.num_seqs].max())} (past 2^15), random V and V constant along "
-                              f"keys, within the forward bound")
+    p, pool, unprobed = ps[0], "", None
+    if ctx.level == "full":
+        quantized = QUANTIZED_KV in getattr(ctx.runner, "features", ())
+        unprobed = big_pool.unprobed(ctx.runner, quantized)
+        if unprobed is None:
+            ps = ps + problems(ctx, f"ragged-long-pool{'-int8' * quantized}",
+                               lambda r: [big_pool.big_problem(lambda n: r(10 + n), quantized)])
+            pool = f", keys at pages past 2^20 of a pool of {big_pool.PAGES} pages (past 2^31 elements)"
+    outcome = _accurate(ctx, ps, f"kv_lens {list(p.slot.kv_lens)} in bfloat16, page indices up to "
+                                 f"{int(p.table[:p.slot.num_seqs].max())} (past 2^15), random V and V constant along "
+                                 f"keys{pool}, within the forward bound")
+    if unprobed:
+        outcome = dataclasses.replace(outcome, detail=f"{outcome.detail}; a pool past 2^31 elements {unprobed}")
+    return outcome
 
 
 def _combined(r, slot: RaggedSlot, **given) -> RaggedProblem:
