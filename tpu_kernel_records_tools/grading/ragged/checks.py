@@ -17,7 +17,8 @@ sequences between others, so every boundary between sequences is probed in every
   re-pointed: not one bit of a graded row may change.
 * ragged-permutation: the pool permuted with the table permuted alike: not one bit may change.
 * ragged-long: ``long`` (keys past 32,768 and 65,536 per sequence, page indices past 2^15), random V and V
-  constant along keys.
+  constant along keys; at the full level, keys past 2^31 pool elements where memory allows (else its detail says
+  "not probed" and why: ``grading.ragged.big_pool``).
 * ragged-window, ragged-softcap, ragged-sinks, ragged-quantized_kv: for a candidate that declares the feature,
   calls where it matters (window edges inside pages and many pages back, rows whose windows start on both sides of
   a page boundary, both sides without causal; logits far past caps of 30 and 50 and a cap of 2; random and high

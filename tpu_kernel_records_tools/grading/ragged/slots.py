@@ -29,8 +29,8 @@ long       3           8          8 / 1         64    16               +r(1, 8) 
 ``long``: a decode row and a chunk of a sequence of ``16 r(2049, 4096)`` keys (past 32,768, an exact multiple of
 the page size) and of ``r(65537, 131072)``, beside a short one: past every 16-bit length and position, thousands
 of pages per sequence, a pool past ``2^15 + r(4096, 8192)`` pages, so page indices run past 2^15. A pool past
-2^31 elements is not drawn (4 GiB of int8 K and V, copied to the candidate's worker): the index arithmetic is
-checked at 2^15 pages and 2^16 keys. Quantized pools are drawn by the ``ragged-quantized_kv`` check on top of
+2^31 elements is not a slot: the full level's ``ragged-long`` adds one small call spread over such a pool where
+memory allows (``grading.ragged.big_pool``). Quantized pools are drawn by the ``ragged-quantized_kv`` check on top of
 these slots (``grading.ragged.problems.quantize``).
 
 The quick level: the same slots at ``head_dim`` 16-32 (page sizes 16, 32, 64, 128, 256 and 24 kept), a few
