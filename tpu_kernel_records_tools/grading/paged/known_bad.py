@@ -219,13 +219,14 @@ def _constant(fn):
     return lambda: fn
 
 
-def _kernel(target: str) -> Callable[[], PagedAttention]:
-    """Lazy loader of ``module:attribute`` (a paged kernel), jitted per flags as it runs in a model; an
-    import error becomes the scorecard's load error (``grading.candidates.Candidate.load``)."""
+def _kernel(target: str, jit: Callable[[Callable], Callable] | None = None) -> Callable[[], PagedAttention]:
+    """Lazy loader of ``module:attribute`` (a kernel), jitted per flags as it runs in a model (``jit``: the
+    contract's wrapper, :func:`jit_paged` by default); an import error becomes the scorecard's load error
+    (``grading.candidates.Candidate.load``)."""
     @functools.cache
     def load() -> PagedAttention:
         module, _, attribute = target.partition(":")
-        return jit_paged(getattr(importlib.import_module(module), attribute))
+        return (jit or jit_paged)(getattr(importlib.import_module(module), attribute))
     return load
 
 

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from ...grading.candidate import Candidate
-from ...grading.paged.known_bad import _constant
+from ...grading.paged.known_bad import _constant, _kernel
 from ...sandbox.cpu_jit import jit_cpu
 from kernel_src.contract import RAGGED_FEATURES, check_ragged_inputs, default_scale, dequantize, visible
 from kernel_src.reference import reference_ragged_paged_attention, row_owners
@@ -265,6 +265,12 @@ RAGGED_ENTRIES: tuple[RaggedEntry, ...] = (
                 "Online softmax over each row's page table, 2 pages per step (fp32 running max, sum and "
                 "accumulator), masked slots zeroed, a quantized pool dequantized in float32 without rounding; every "
                 "ragged feature.", _constant(jit_ragged(_online_rows, RAGGED_FEATURES, cpu=True))),
+    RaggedEntry("ragged-pallas", "kernel", "kernel_src.ragged:ragged_paged_attention_tpu: the Pallas TPU ragged "
+                "paged attention kernel (interpret mode on a CPU).",
+                _kernel("kernel_src.ragged:ragged_paged_attention_tpu", jit_ragged)),
+    RaggedEntry("ragged-triton", "kernel", "kernel_src.ragged:ragged_paged_attention_triton: the ragged kernel of "
+                "the GPU Triton family (interpret mode on a CPU).",
+                _kernel("kernel_src.ragged:ragged_paged_attention_triton", jit_ragged)),
     _bad("ragged-last-page-whole", "Reads each sequence's last page whole and masks only the logits: its slots past "
          "the length enter P·V as 0 * V (FlashAttention's NaN from unused cache slots).",
          ("ragged-garbage", "ragged-accuracy"), last_page_whole=True),
