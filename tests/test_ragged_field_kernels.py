@@ -160,6 +160,7 @@ def _grade(level: str, seed: int):
         assert re.search(pattern, failed[name]), (name, failed[name])
 
 
+@pytest.mark.slow  # a quick grade in a worker of its own: about 13 CPU-s, 30 s of the default run's wall time
 def test_jax_reference_passes_but_the_two_sided_window():
     """Every check passes but ragged-window, whose windows without causal (both sides) JAX's causal, left-only
     ``sliding_window`` cannot express: the adapter refuses them in one line, and the check names it."""
