@@ -474,6 +474,24 @@ def test_a_new_shard_file_seeded_from_the_committed_one_grades_nothing_twice(tmp
     assert graded == [("a", s) for s in (*range(g + 2, 2 * g), *range(1000 + g + 2, 1000 + 2 * g))]
 
 
+def test_the_documented_dask_wall_time_is_the_recorded_one():
+    """docs/DEVELOPING.md's wall times on Dask are what ``scripts/time_calibrate.py --record`` measured, and its
+    estimate for the committed trials follows from them and the report's CPU-hours, not typed by hand."""
+    repo = Path(__file__).resolve().parent.parent
+    record = json.loads((repo / "scripts" / "time_calibrate.json").read_text())
+    assert record["command"][:2] == ["tpu-kernel-records", "calibrate"] and not any(record["exit_codes"])
+    serial, dask = record["serial"], record["workers_2"]
+    hours = cal_report.summary(cal.read_trials(repo / cal.TRIALS_PATH)[0])["pure_trials"]["cpu_hours"]
+    developing = " ".join((repo / "docs" / "DEVELOPING.md").read_text().split())
+    assert (f"`python scripts/time_calibrate.py --seeds {record['seeds_per_set']} --record "
+            f"scripts/time_calibrate.json` timed `calibrate --seeds {record['seeds_per_set']}`") in developing
+    assert (f"on {record['machine']}: {serial['wall_s']:.0f} s of wall time serially ({serial['cpu_s']:.0f} "
+            f"CPU-seconds) and {dask['wall_s']:.0f} s on a 2-worker LocalCluster ({dask['cpu_s']:.0f} CPU-seconds)"
+            ) in developing
+    assert (f"the committed trials' {hours:.0f} CPU-hours take about {hours * dask['wall_s'] / serial['cpu_s']:.0f} "
+            f"hours of wall time on 2 such workers") in developing
+
+
 def test_the_documented_cost_is_the_committed_trials():
     """The cost figures in this module's docstring and in docs/DEVELOPING.md are the committed trials' (the
     one machine's whose trials the report prices), not typed by hand."""
