@@ -32,6 +32,19 @@ def test_every_slot_mixes_what_an_engines_step_holds(seed, level):
         assert x.num_seqs < x.max_seqs and sum(x.q_lens) < x.num_tokens  # garbage rows and sequences after them
 
 
+@pytest.mark.parametrize("level", ["full", "quick"])
+def test_a_step_of_one_sequence_is_drawn_as_a_decode_row_a_chunk_or_a_prompt(level):
+    """The contract's batches run from 1 sequence: the solo slot holds one, of each kind over the seeds, with
+    garbage sequences and padding rows after it."""
+    seen = set()
+    for seed in range(12):
+        x = draw_ragged_slots(seed, level)["solo"]
+        assert x.num_seqs == 1 and x.max_seqs > 1 and sum(x.q_lens) < x.num_tokens
+        assert 1 <= x.q_lens[0] <= x.kv_lens[0] <= x.page_size * x.pages_per_sequence
+        seen |= kinds(x)
+    assert seen == {"decode", "prompt", "chunk"}
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_the_full_level_covers_every_page_size_head_dim_and_group(seed):
     s = draw_ragged_slots(seed, "full")
@@ -75,9 +88,8 @@ def test_a_drawn_call_hides_garbage_everywhere_a_kernel_must_not_look():
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_window_across_a_page_starts_rows_on_both_sides_of_a_boundary(seed):
-    for x in draw_ragged_slots(seed, "quick").values():
-        if x.name == "long":
-            continue
+    for name in EDGE_SLOTS:
+        x = draw_ragged_slots(seed, "quick")[name]
         left, _ = across_a_page(x)
         i = max((i for i in range(x.num_seqs) if 2 <= x.q_lens[i] < x.kv_lens[i]),
                 key=lambda i: x.kv_lens[i] - x.q_lens[i])

@@ -101,10 +101,12 @@ def check_ragged_output(ctx: Context) -> Outcome:
 def check_ragged_accuracy(ctx: Context) -> Outcome:
     s = slots(ctx)
     ps = problems(ctx, "ragged-accuracy", lambda r: [draw(r(n), s[name]) for n, name in enumerate(EDGE_SLOTS)] + [
-        draw(r(10), s["serve16"], causal=False), draw(r(11), s["odd"], causal=False, scale=0.3)])
+        draw(r(10), s["serve16"], causal=False), draw(r(11), s["odd"], causal=False, scale=0.3),
+        draw(r(12), s["solo"])])
     sizes = sorted({p.slot.page_size for p in ps})
     return _accurate(ctx, ps, f"{len(ps)} ragged calls (page sizes {sizes}; decode rows, chunks, whole prompts and "
-                              f"empty sequences mixed; causal and not; a given scale) within the forward bound")
+                              f"empty sequences mixed, and a step of one sequence; causal and not; a given scale) within "
+                              f"the forward bound")
 
 
 def check_ragged_garbage(ctx: Context) -> Outcome:

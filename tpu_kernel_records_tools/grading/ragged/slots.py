@@ -24,7 +24,11 @@ tpu128     r(4, 8)     160        G[3] / 2      128   128              r(2, 4)  
 wide256    r(3, 6)     300        O / 1         256   256              r(2, 3)     bfloat16
 odd        r(6, 12)    40         G[0] / 1      64    24, 40 or 48     r(3, 8)     bfloat16
 long       3           8          8 / 1         64    16               +r(1, 8)    bfloat16
+solo       1           512        8 / 2         128   32               r(4, 16)    bfloat16
 =========  ==========  =========  ============  ====  ===============  ==========  =========
+
+``solo``: a step of one sequence (the contract's batches run from 1 sequence to 64), a decode row, a chunk or a
+whole prompt with equal odds, ``kv_len`` in ``[2, pages/seq x 32]``, garbage sequences after it as in every slot.
 
 ``long``: a decode row and a chunk of a sequence of ``16 r(2049, 4096)`` keys (past 32,768, an exact multiple of
 the page size) and of ``r(65537, 131072)``, beside a short one: past every 16-bit length and position, thousands
@@ -34,7 +38,8 @@ memory allows (``grading.ragged.big_pool``). Quantized pools are drawn by the ``
 these slots (``grading.ragged.problems.quantize``).
 
 The quick level: the same slots at ``head_dim`` 16-32 (page sizes 16, 32, 64, 128, 256 and 24 kept), a few
-pages per sequence, and ``long`` at page size 8 with lengths 32,768 and 33,003 in a pool of 2^15 + 2,048 pages.
+pages per sequence, ``long`` at page size 8 with lengths 32,768 and 33,003 in a pool of 2^15 + 2,048 pages, and
+``solo`` at page size 16, 4 pages, 16 tokens and ``max_seqs`` 3.
 """
 
 from __future__ import annotations
@@ -48,8 +53,8 @@ import numpy as np
 from ...grading.dense.slots import LEVELS
 from ...grading.paged.slots import GROUPS, INDEX_LIMIT, ODD_GROUPS, ODD_PAGE_SIZES, POOL_FACTOR, PagedSlot
 
-SLOTS = ("serve16", "chunk32", "mid64", "tpu128", "wide256", "odd", "long")
-EDGE_SLOTS = SLOTS[:-1]  # the slots whose mixes hold every edge length
+SLOTS = ("serve16", "chunk32", "mid64", "tpu128", "wide256", "odd", "long", "solo")
+EDGE_SLOTS = SLOTS[:-2]  # the slots whose mixes hold every edge length
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,16 @@ def _quick(rng) -> dict[str, RaggedSlot]:
          "odd": fixed("odd", 7, 10, 4, 1, 16, 24, 4, "bfloat16")}
     s["long"] = RaggedSlot("long", 16, 6, 2, 1, 16, 8, 4126, INDEX_LIMIT + 2048,
                            *_long_lengths(rng, (32_768, 33_003), 3), "bfloat16")
+    s["solo"] = RaggedSlot("solo", 16, 3, 4, 2, 32, 16, 4, 48, *_solo(rng, 64, 15), "float32")
     return s
+
+
+def _solo(rng, full: int, max_q: int) -> tuple[tuple[int], tuple[int]]:
+    """One sequence's ``(q_lens, kv_lens)``: a decode row, a chunk or a whole prompt, equally likely."""
+    kind = str(rng.choice(["decode", "chunk", "prompt"]))
+    kv = int(rng.integers(2, min(max_q if kind == "prompt" else full, full) + 1))
+    q = {"decode": 1, "prompt": kv, "chunk": int(rng.integers(1, min(kv, max_q + 1)))}[kind]
+    return (q,), (kv,)
 
 
 @functools.lru_cache(maxsize=16)
@@ -177,4 +191,7 @@ def draw_ragged_slots(seed: int, level: str = "full") -> dict[str, RaggedSlot]:
     pps = -(-max(lengths) // 16) + r(1, 8)
     s["long"] = _slot(rng, "long", 4, 8, 8, 1, 64, 16, pps, "bfloat16", lengths=_long_lengths(rng, lengths, r(2, 8)),
                       least_pool=INDEX_LIMIT + r(4096, 8192))
+    solo_pages = r(4, 16)
+    s["solo"] = _slot(rng, "solo", 1, 512, 8, 2, 128, 32, solo_pages, "bfloat16",
+                      lengths=_solo(rng, 32 * solo_pages, 512))
     return s
