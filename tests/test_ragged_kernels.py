@@ -10,9 +10,9 @@ pool is permuted with the table permuted alike.
 
 Both families run in interpret mode (the Mosaic kernel's DMAs included), small shapes, a few
 CPU-seconds a test; the v5e compile and the Triton lowering run without a TPU or GPU. Slow: the
-v5e compiles, the ragged rubric with every feature at the full level on seeds 0-2 (its quick level adds
-about 155 CPU-s for no check the full level's seeds do not also draw on these kernels, so CI's budget keeps
-the full level only), and a few more interpreted calls.
+v5e compiles, the ragged rubric with every feature at the full level on seeds 0-2 (the quick level, about
+155 CPU-s more, draws the same kinds of mixes and edges at smaller shapes; CI's budget keeps the full level
+only), and a few more interpreted calls.
 """
 
 from __future__ import annotations
