@@ -236,7 +236,8 @@ RAGGED_CHECKS: tuple[CheckSpec, ...] = tuple(CheckSpec(*spec) for spec in (
     ("ragged-garbage", 15, check_ragged_garbage, "NaN, Inf and huge values where no key is and in padding rows, and "
      "anything past num_seqs, change no bit of a graded row"),
     ("ragged-permutation", 10, check_ragged_permutation, "a permuted pool with its table permuted alike changes no bit"),
-    ("ragged-long", 15, check_ragged_long, "keys past 32k and 64k per sequence in bfloat16, page indices past 2^15"),
+    ("ragged-long", 15, check_ragged_long, "keys past 32k and 64k per sequence in bfloat16, page indices past 2^15; "
+     "at the full level, keys past 2^31 pool elements where memory allows"),
 ))
 RAGGED_FEATURE_CHECKS: dict[str, CheckSpec] = {
     "window": CheckSpec("ragged-window", 8, check_ragged_window, "window edges inside and across pages, both sides"),
