@@ -55,6 +55,8 @@ TARGETS = {t.name: t for t in (
     Target("truth", f"{PKG}/grading/dense/truth.py", ("tests/test_truth.py", "tests/test_truth_features.py"), 20),
     Target("paged-truth", f"{PKG}/grading/paged/truth.py", ("tests/test_paged_truth.py",), 8),
     Target("paged-checks", f"{PKG}/grading/paged/checks.py", ("tests/test_paged_grading.py",), 8),
+    Target("ragged-truth", f"{PKG}/grading/ragged/truth.py", ("tests/test_ragged_truth.py",), 8),
+    Target("ragged-checks", f"{PKG}/grading/ragged/checks.py", ("tests/test_ragged_grading.py",), 8),
     Target("features", f"{PKG}/grading/dense/feature_checks.py",
            ("tests/test_features_grading.py", "tests/test_feature_builtins.py"), 12),
     Target("reference", "kernel_src/reference.py", ("tests/test_reference_grade.py",), 12),
@@ -80,6 +82,7 @@ _DENOM = ("the softmax denominator is 0 (no visible key) or >= 1 (the row max co
 _EMPTY = ("e is exactly 0 on every key of a row whose denominator is 0 (no visible key), so any nonzero divisor "
           "there gives the same exact zeros")
 ORACLE = "tpu_kernel_records_tools/grading/dense/truth.py"
+_NON_DECREASING = "the contract keeps cu_q_lens non-decreasing up to num_seqs, so end < start never reaches the truth"
 EQUIVALENT: dict[tuple[str, str, str], str] = {
     (f"{PKG}/grading/dense/checks.py", "group = p.q.shape[2] // p.k.shape[2]", "group = p.q.shape[2] / p.k.shape[2]"):
         "the contract's query heads are a multiple of its kv heads, and np.repeat takes the integral float",
@@ -89,6 +92,16 @@ EQUIVALENT: dict[tuple[str, str, str], str] = {
     (ORACLE, "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 0, denom, 2.0)"): _EMPTY,
     (ORACLE, "return e / np.where(denom > 0, denom, 1.0)",
      "return e / np.where(denom > 0, denom, 2.0)"): _EMPTY,
+    (ORACLE, "p = np.divide(e, np.where(denom > 0, denom, 1.0), out=e)",
+     "p = np.divide(e, np.where(denom > 0, denom, 2.0), out=e)"): _EMPTY,
+    (ORACLE, "p = np.divide(e, np.where(denom > 0, denom, 1.0), out=e)",
+     "p = np.divide(e, np.where(denom > 1, denom, 1.0), out=e)"): _DENOM,
+    (f"{PKG}/grading/tolerance.py", "REFERENCE_ERRORS_KEPT = 4096", "REFERENCE_ERRORS_KEPT = 4095"):
+        "how many reference errors stay remembered: the size of a cache, on which no verdict depends",
+    (f"{PKG}/grading/ragged/truth.py", "if end <= start:", "if end == start:"): _NON_DECREASING,
+    (f"{PKG}/grading/ragged/truth.py", "if end <= start:", "if end is start:"):
+        "an empty sequence then goes through the dense truth with no rows, which writes nothing and leaves "
+        "logit_max as it is (max(x, nan) is x); end < start cannot happen: " + _NON_DECREASING,
     ("kernel_src/reference.py", "return p / jnp.where(denom > 0, denom, 1.0)",
      "return p / jnp.where(denom > 0, denom, 2.0)"): _EMPTY,
     (ORACLE, "p = e / np.where(denom > 0, denom, 1.0)", "p = e / np.where(denom > 1, denom, 1.0)"): _DENOM,
