@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 import release_fixtures as testing
-from kernel_src.contract import FEATURES
+from kernel_src.contract import FEATURE_NAMES
 from tpu_kernel_records_tools.builder import leaderboard as board
 from tpu_kernel_records_tools.builder.build import BuildError, build
 from tpu_kernel_records_tools.builder.rules import accept, run_files
@@ -49,8 +49,8 @@ def _accepted(run: Path):
 
 def test_the_schema_names_exactly_the_contracts_features():
     prop = rawio.load_schema("correctness")["$defs"]["scorecard"]["properties"]["features"]
-    assert prop["items"]["enum"] == list(FEATURES) and prop["uniqueItems"] is True
-    assert rawio.scorecard_features() == FEATURES
+    assert prop["items"]["enum"] == list(FEATURE_NAMES) and prop["uniqueItems"] is True
+    assert rawio.scorecard_features() == FEATURE_NAMES
     assert SCHEMAS["correctness"].field("features").type == pa.list_(pa.field("element", pa.string()))
 
 
@@ -196,4 +196,4 @@ def test_the_card_describes_the_column():
     card = (REPO / "dataset_card.md").read_text()
     [row] = [line for line in card.splitlines() if line.startswith("| `features` |")]
     assert "`list<string>`" in row and "`[]`: the base contract only" in row
-    assert all(f"`{name}`" in row for name in FEATURES)
+    assert all(f"`{name}`" in row for name in FEATURE_NAMES)
