@@ -3,7 +3,8 @@
 A profile (``Profile``, ``PROFILES``) names the batch, heads, head dim, dtype and sequence lengths of the
 small scopes, and the model-sized shapes of the others: ``ModelShapes`` for the ``model-*`` scopes,
 the masked models (``MaskedModel``, ``MODEL_MASKS``, ``TINY_MASKS``) of the ``masks-*`` scopes and the
-paged decode steps (``PagedModel``, ``MODEL_PAGED``, ``TINY_PAGED``) of ``paged-decode``. What each
+paged decode steps (``PagedModel``, ``MODEL_PAGED``, ``TINY_PAGED``) of ``paged-decode`` and the serving
+steps (``RaggedModel``, ``MODEL_RAGGED``, ``TINY_RAGGED``, from ``bench.ragged_profiles``) of ``ragged``. What each
 scope measures, and the cases a profile expands to, are ``bench.cases``'.
 """
 
@@ -15,11 +16,13 @@ import zlib
 import numpy as np
 
 from ..bench import roofline
+from ..bench.ragged_profiles import MODEL_RAGGED, TINY_RAGGED, RaggedModel
 
 MODEL_SCOPES = ("model-fwd", "model-fwd-bwd")
 MASK_SCOPES = ("masks-fwd", "masks-fwd-bwd")
 PAGED_SCOPES = ("paged-decode",)
-SCOPES = ("softmax", "attention", "flash", "sharded") + MODEL_SCOPES + MASK_SCOPES + PAGED_SCOPES
+RAGGED_SCOPES = ("ragged",)
+SCOPES = ("softmax", "attention", "flash", "sharded") + MODEL_SCOPES + MASK_SCOPES + PAGED_SCOPES + RAGGED_SCOPES
 PUBLISHED_SEQ_LENS = (128, 256, 512, 1024, 2048)
 
 
@@ -253,6 +256,7 @@ class Profile:
       model: the shapes of the ``model-*`` scopes; ``None`` where the profile has none.
       masks: the masked models of the ``masks-*`` scopes (``MaskedModel``).
       paged: the decode steps of the ``paged-decode`` scope (``PagedModel``).
+      ragged: the serving steps of the ``ragged`` scope (``RaggedModel``).
     """
 
     name: str
@@ -276,6 +280,7 @@ class Profile:
     kernel_level: str = "full"
     masks: tuple[MaskedModel, ...] = ()
     paged: tuple[PagedModel, ...] = ()
+    ragged: tuple[RaggedModel, ...] = ()
 
     def batch_for(self, scope: str, seq: int) -> int:
         if self.max_tokens is None or scope == "sharded":
@@ -293,19 +298,22 @@ PROFILES: dict[str, Profile] = {
         # known-bad built-ins, 20 s apiece here, are left to --known-bad and the grader-power record).
         Profile("cpu", batch=1, head_dim=64, seq_lens=PUBLISHED_SEQ_LENS[:-1], warmups=2, samples=10,
                 grade_known_bad=False, kernel_level="quick",
-                scopes=("softmax", "attention") + MASK_SCOPES + PAGED_SCOPES, masks=TINY_MASKS, paged=TINY_PAGED),
+                scopes=("softmax", "attention") + MASK_SCOPES + PAGED_SCOPES + RAGGED_SCOPES, masks=TINY_MASKS,
+                paged=TINY_PAGED, ragged=TINY_RAGGED),
         Profile("tiny", batch=1, head_dim=64, seq_lens=(128,), warmups=1, samples=5, export_tpu=True,
-                grade_known_bad=False, kernel_level="quick", masks=TINY_MASKS, paged=TINY_PAGED[1:]),
+                grade_known_bad=False, kernel_level="quick", masks=TINY_MASKS, paged=TINY_PAGED[1:],
+                ragged=TINY_RAGGED),
         Profile("tpu-v5e", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
-                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED),
+                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED, ragged=MODEL_RAGGED),
         Profile("gpu", batch=8, head_dim=128, long_seq_lens=(4096, 8192), max_tokens=8 * 2048,
-                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED),
+                scopes=SCOPES, model=MODEL_SHAPES, masks=MODEL_MASKS, paged=MODEL_PAGED, ragged=MODEL_RAGGED),
         # scripts/device_check.sh on one NVIDIA H100 (the device tool's), meant to fit its 10 minutes: one GPU (no
-        # sharded scope), flash at 1k, 2k and 8k, the model shapes and paged decode; fewer samples, no known-bads.
+        # sharded scope), flash at 1k, 2k and 8k, the model shapes, paged decode and the ragged serving steps; fewer
+        # samples, no known-bads.
         Profile("h100", batch=8, head_dim=128, seq_lens=(1024, 2048), long_seq_lens=(8192,),
                 max_tokens=8 * 2048, warmups=3, samples=10, grade_known_bad=False,
-                scopes=("softmax", "attention", "flash") + MODEL_SCOPES + PAGED_SCOPES, model=MODEL_SHAPES,
-                paged=MODEL_PAGED),
+                scopes=("softmax", "attention", "flash") + MODEL_SCOPES + PAGED_SCOPES + RAGGED_SCOPES,
+                model=MODEL_SHAPES, paged=MODEL_PAGED, ragged=MODEL_RAGGED),
     )
 }
 

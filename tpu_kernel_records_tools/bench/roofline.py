@@ -25,6 +25,9 @@ Conventions (the same for every implementation of a case, so rates compare like 
   row reaches or before a window counts nothing, however the pool is laid out), plus q read and
   the output written once; the page table and lengths are not counted. FLOPs as above, per
   sequence at its own length (its new rows are its last ``q_len`` positions).
+* Ragged paged steps (``ragged_work``, the ``ragged`` scope): as paged decode, each sequence with its
+  own count of new rows; K and V at the cache's itemsize (1 byte for float8_e4m3fn), q and the
+  output at theirs.
 
 Peaks (dense, per device; ``None`` for a device the table does not know):
 
@@ -169,15 +172,26 @@ def paged_work(kv_lengths: np.ndarray, q_len: int, num_q_heads: int, num_kv_head
                itemsize: int, causal: bool = True,
                window: tuple[int | None, int | None] | None = None) -> tuple[float, float]:
     """``(flops, useful_bytes)`` of one paged-attention call (``kernel_src.contract.paged_attention``)
-    over sequences of ``kv_lengths`` keys: FLOPs per visible pair, bytes the K/V of every key some
-    row sees (once) plus q and the output (``paged_keys``)."""
+    over sequences of ``kv_lengths`` keys: ``ragged_work`` with ``q_len`` new rows each, the cache in
+    the queries' dtype."""
+    q_lens = np.full(len(kv_lengths), q_len, np.int64)
+    return ragged_work(q_lens, kv_lengths, num_q_heads, num_kv_heads, head_dim, itemsize, itemsize, causal, window)
+
+
+def ragged_work(q_lens: np.ndarray, kv_lens: np.ndarray, num_q_heads: int, num_kv_heads: int, head_dim: int,
+                kv_itemsize: int, q_itemsize: int, causal: bool = True,
+                window: tuple[int | None, int | None] | None = None) -> tuple[float, float]:
+    """``(flops, least useful bytes)`` of one ragged paged call (``kernel_src.contract.ragged_paged_attention``)
+    whose sequence ``i`` has ``q_lens[i]`` new rows ending its ``kv_lens[i]`` keys: FLOPs per visible pair,
+    bytes the K and V of every key some row sees, once, at the cache's ``kv_itemsize`` (a quantized cache's
+    scales not counted), plus q read and the output written at ``q_itemsize`` (``paged_keys``)."""
     pairs = keys = 0
-    for length in np.asarray(kv_lengths, np.int64):
-        p, k = paged_keys(q_len, int(length), causal, window)
+    for q_len, length in zip(np.asarray(q_lens, np.int64), np.asarray(kv_lens, np.int64)):
+        p, k = paged_keys(int(q_len), int(length), causal, window)
         pairs, keys = pairs + p, keys + k
-    batch = len(kv_lengths)
+    rows = int(np.asarray(q_lens, np.int64).sum())
     return (4.0 * num_q_heads * head_dim * pairs,
-            float((2 * keys * num_kv_heads + 2 * batch * q_len * num_q_heads) * head_dim * itemsize))
+            float(2 * keys * num_kv_heads * head_dim * kv_itemsize + 2 * rows * num_q_heads * head_dim * q_itemsize))
 
 
 def softmax_work(batch: int, heads: int, q_len: int, kv_len: int, itemsize: int,

@@ -47,7 +47,9 @@ BENCHMARK = {
                      "sweep (no shapes timed)", NEVER),
     "case_id": ("—", "the case, unique in its record, e.g. `attention-pallas-s2048`", NEVER),
     "scope": ("—", "what is timed: `softmax`, `attention`, `flash`, `sharded`, `model-fwd`, `model-fwd-bwd`, "
-                   "`masks-fwd`, `masks-fwd-bwd`, `paged-decode` (one decode step over a paged KV cache)", NEVER),
+                   "`masks-fwd`, `masks-fwd-bwd`, `paged-decode` (one decode step over a paged KV cache), "
+                   "`ragged` (one serving step: decode rows, prefill chunks and a whole prompt in one call over a "
+                   "paged, possibly quantized cache)", NEVER),
     "implementation": ("—", "`xla` (the pure-JAX reference), `pallas`, `flash`, `flash-triton`, `cudnn`, "
                             "`submitted`, or `<impl>@<devices>` in the sharded scope; `paged-decode`: `paged-xla` "
                             "(gather-then-attend reference), `paged-pallas`, `paged-triton`, `jax-paged` (JAX's "
