@@ -90,33 +90,74 @@ def check_paged_output(sig, host: list[np.ndarray], out: Any, *, rng: np.random.
         raise ValueError("check_paged_output judges no softcap or sinks (no paged-decode case uses them)")
     q, k_pages, v_pages, lengths, table = host[:5]
     batch, q_len = q.shape[:2]
-    page_size = k_pages.shape[1]
     flat = np.sort(rng.choice(batch * q_len, size=min(ROWS, batch * q_len), replace=False))
     b, i = np.divmod(flat, q_len)
-    position = lengths[b].astype(np.int64) - q_len + i                     # the row's place in its sequence
-    high = np.minimum(lengths[b], position + 1) if sig.causal else lengths[b].astype(np.int64)
-    low = np.zeros_like(high)
-    if sig.window is not None:
-        left, right = sig.window
-        low = np.maximum(low, position - left) if left is not None else low
-        high = np.minimum(high, position + right + 1) if right is not None else high
-    high = np.maximum(high, low)
-    width = max(1, int((high - low).max()))
-    keys = np.zeros((len(b), width) + k_pages.shape[2:], k_pages.dtype)
-    values = np.zeros_like(keys)
-    for r, (row_b, lo, hi) in enumerate(zip(b, low, high)):
-        j = np.arange(lo, hi)
-        pages = table[row_b, j // page_size]
-        keys[r, :hi - lo], values[r, :hi - lo] = k_pages[pages, j % page_size], v_pages[pages, j % page_size]
+    length = lengths[b].astype(np.int64)
+    low, high = _visible(sig, length - q_len + i, length)  # (the row's place in its sequence)
+    keys, values = (_gather(pages, table, b, low, high) for pages in (k_pages, v_pages))
     got = np.asarray(jax.device_get(out))[b, i]
     verdict = query_rows(sig, q[b, i][:, None], keys, values, None, np.arange(len(b)), np.zeros(len(b), np.int64),
                          (high - low).astype(np.int64), got)
     return verdict.ok, verdict.describe()
 
 
-def query_rows(sig, q, k, v, ct, b, i, limits, got):
+def check_ragged_output(sig, host: list[np.ndarray], out: Any, *, rng: np.random.Generator) -> tuple[bool, str]:
+    """Judge one ragged call's output (``grading.ragged.signature.RaggedSignature``; host ``q, k_pages, v_pages,
+    kv_lengths, page_indices, cu_q_lens, num_seqs[, k_scale, v_scale]``): ``ROWS`` of the graded rows (those
+    below ``cu_q_lens[num_seqs[0]]``), each a q_len-1 problem over the keys it sees, as
+    :func:`check_paged_output` judges a paged row. A quantized pool's keys and values are dequantized by the
+    contract's rule (``float32(stored) * scale``) for the truth, and rounded to q's dtype for the baseline, as
+    the contract allows. Softcap and sinks are not judged here."""
+    if sig.softcap is not None or sig.sinks:
+        raise ValueError("check_ragged_output judges no softcap or sinks (no ragged case uses them)")
+    q, k_pages, v_pages, lengths, table, cu_q_lens, num_seqs = host[:7]
+    scales = sig.feature_kwargs(tuple(host[7:]))
+    num_seqs = int(np.asarray(num_seqs).reshape(-1)[0])
+    graded = int(cu_q_lens[num_seqs])
+    rows = np.sort(rng.choice(graded, size=min(ROWS, graded), replace=False))
+    seq = np.searchsorted(cu_q_lens[1:num_seqs + 1], rows, side="right")  # the sequence owning each row
+    q_len = cu_q_lens[seq + 1].astype(np.int64) - cu_q_lens[seq]
+    position = lengths[seq].astype(np.int64) - q_len + rows - cu_q_lens[seq]
+    low, high = _visible(sig, position, lengths[seq].astype(np.int64))
+    keys, values = (_gather(pages, table, seq, low, high, scales.get(name))
+                    for pages, name in ((k_pages, "k_scale"), (v_pages, "v_scale")))
+    got = np.asarray(jax.device_get(out))[rows]
+    baseline_kv = None if sig.pool_dtype is None else tuple(x.astype(q.dtype) for x in (keys, values))
+    verdict = query_rows(sig, q[rows][:, None], keys, values, None, np.arange(len(rows)),
+                         np.zeros(len(rows), np.int64), high - low, got, baseline_kv=baseline_kv)
+    return verdict.ok, verdict.describe()
+
+
+def _visible(sig, position: np.ndarray, length: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``(low, high)``: the keys ``low <= t < high`` a row at ``position`` of a sequence of ``length`` keys sees
+    (causal and window as ``sig`` says)."""
+    high = np.minimum(length, position + 1) if sig.causal else length
+    low = np.zeros_like(high)
+    if sig.window is not None:
+        left, right = sig.window
+        low = np.maximum(low, position - left) if left is not None else low
+        high = np.minimum(high, position + right + 1) if right is not None else high
+    return low, np.maximum(high, low)
+
+
+def _gather(pages: np.ndarray, table: np.ndarray, seq: np.ndarray, low: np.ndarray, high: np.ndarray,
+            scale=None) -> np.ndarray:
+    """``[rows, width, num_kv_heads, head_dim]``: row ``r``'s keys ``low[r] <= t < high[r]`` of sequence
+    ``seq[r]`` from its pages, zeros after them; dequantized (float32 ``stored * scale``) with a ``scale``."""
+    page_size = pages.shape[1]
+    dtype = pages.dtype if scale is None else np.float32
+    out = np.zeros((len(seq), max(1, int((high - low).max()))) + pages.shape[2:], dtype)
+    for r, (i, lo, hi) in enumerate(zip(seq, low, high)):
+        t = np.arange(lo, hi)
+        stored = pages[table[i, t // page_size], t % page_size]
+        out[r, :hi - lo] = stored if scale is None else stored.astype(np.float32) * np.float32(scale)
+    return out
+
+
+def query_rows(sig, q, k, v, ct, b, i, limits, got, baseline_kv=None):
     """The verdict on rows ``(b, i)`` of the output (``ct`` None) or of dQ: truth per (batch element, kv
-    head) from :func:`_rows` (precision as :func:`key_rows` says), the reference's rows as the baseline."""
+    head) from :func:`_rows` (precision as :func:`key_rows` says), the reference's rows as the baseline
+    (over ``baseline_kv``'s keys and values where given: a dequantized pool rounded to q's dtype)."""
     from ..grading import tolerance
 
     num_kv = k.shape[2]
@@ -138,7 +179,8 @@ def query_rows(sig, q, k, v, ct, b, i, limits, got):
                 stored[sel, heads] = np.asarray(rows.dq_stored, np.float64).swapaxes(0, 1)
             magnitude[sel, heads] = np.asarray(getattr(rows, field + "_mag"), np.float64).swapaxes(0, 1)
             logit_max = max(logit_max, rows.logit_max)
-    baseline = np.asarray(_reference_rows(q[b, i], q[b, i] if ct is None else ct[b, i], k, v, b,
+    base_k, base_v = (k, v) if baseline_kv is None else baseline_kv
+    baseline = np.asarray(_reference_rows(q[b, i], q[b, i] if ct is None else ct[b, i], base_k, base_v, b,
                                           np.asarray(limits, np.int32), scale=sig.scale, backward=ct is not None))
     label = (f"{'output' if ct is None else 'dq'} of {len(b)} rows over {len(set(b.tolist()))} batch elements "
              f"({'float64' if exact else 'float32'} truth)")
