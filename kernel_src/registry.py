@@ -44,7 +44,9 @@ class Implementation:
         pools ``[num_pages, page_size, num_kv_heads, head_dim]``) or ``"heads-first"`` (JAX's
         ``paged_attention``'s pools ``[num_kv_heads, num_pages, page_size, head_dim]``, otherwise
         the same call): the ``paged-decode`` benchmark scope lays each pool out as its
-        implementation reads it, so no kernel is timed with a relayout of the cache.
+        implementation reads it, so no kernel is timed with a relayout of the cache; ``"kv-interleaved"``:
+        JAX's ``ragged_paged_attention``'s one pool ``[num_pages, page_size, 2 * num_kv_heads, head_dim]``, K
+        at even heads and V at odd, passed in place of ``k_pages, v_pages`` (the ``ragged`` scope).
       options: keyword arguments ``load()`` binds to the callable (a kernel family's variant).
     """
 
@@ -59,7 +61,7 @@ class Implementation:
     softmax_target: str | None = None
     contract: bool = True
     options: tuple[tuple[str, Any], ...] = ()
-    paged: Literal["pages-first", "heads-first"] | None = None
+    paged: Literal["pages-first", "heads-first", "kv-interleaved"] | None = None
 
     def load(self) -> Callable[..., Any]:
         """The callable itself (imports its module now), with ``options`` bound; a bound one
@@ -140,15 +142,26 @@ IMPLEMENTATIONS: dict[str, Implementation] = {impl.name: impl for impl in (
         scopes=("paged-decode",), pallas=True, platforms=("tpu",), contract=False, paged="heads-first"),
     # The ragged contract (kernel_src.contract.ragged_paged_attention): one call per serving step.
     Implementation(
+        "ragged-xla", "kernel_src.reference:reference_ragged_paged_attention", "reference",
+        "Pure-JAX ragged reference: every row gathers its sequence's whole table, then attends (XLA).",
+        scopes=("ragged",), pallas=False, grading_name="ragged-reference", contract=False, paged="pages-first"),
+    Implementation(
         "ragged-pallas", "kernel_src.ragged:ragged_paged_attention_tpu", "kernel",
         "Pallas TPU ragged paged attention: the step's work list and page table in scalar prefetch, only "
         "the pages each row block sees DMA'd, int8/fp8 pages dequantized in VMEM (interpret mode on a CPU).",
-        scopes=(), pallas=True, grading_name="ragged-pallas", platforms=("cpu", "tpu"), contract=False),
+        scopes=("ragged",), pallas=True, grading_name="ragged-pallas", platforms=("cpu", "tpu"), contract=False,
+        paged="pages-first"),
     Implementation(
         "ragged-triton", "kernel_src.ragged:ragged_paged_attention_triton", "kernel",
         "The ragged kernel's GPU family (Triton): each row block's visible keys gathered through the page "
         "table with masked loads, dequantized in registers.",
-        scopes=(), pallas=True, grading_name="ragged-triton", platforms=("gpu",), contract=False),
+        scopes=("ragged",), pallas=True, grading_name="ragged-triton", platforms=("gpu",), contract=False,
+        paged="pages-first"),
+    Implementation(
+        "jax-ragged", "kernel_src.vendor:jax_ragged_paged_attention", "vendor",
+        "JAX's Pallas TPU ragged_paged_attention (jax.experimental.pallas.ops.tpu.ragged_paged_attention) on its "
+        "own pool, K and V interleaved by head; causal, its tuned block sizes.",
+        scopes=("ragged",), pallas=True, platforms=("tpu",), contract=False, paged="kv-interleaved"),
 )}
 
 

@@ -56,3 +56,33 @@ def jax_paged_attention(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, *,
     out = paged_attention(rows, k_pages, v_pages, kv_lengths.astype(jnp.int32), page_indices.astype(jnp.int32),
                           pages_per_compute_block=blocks)
     return out[:, None].astype(q.dtype)
+
+
+def jax_ragged_paged_attention(q: jax.Array, kv_pages: jax.Array, *, kv_lengths: jax.Array, page_indices: jax.Array,
+                               cu_q_lens: jax.Array, num_seqs: jax.Array, scale: float | None = None,
+                               causal: bool = True, k_scale: float | None = None,
+                               v_scale: float | None = None) -> jax.Array:
+    """JAX's Pallas TPU ``ragged_paged_attention`` in the ragged contract's call; TPU only.
+
+    Differences from the ragged contract: one pool in JAX's own layout ``[num_pages, page_size, 2 *
+    num_kv_heads, head_dim]``, K at even heads and V at odd (the ``ragged`` benchmark lays it out so, on
+    the host: a relayout of the cache in the timed program would be timed too), in place of ``k_pages``
+    and ``v_pages``; causal only; no window, soft-cap or sinks; ``k_scale`` and ``v_scale`` Python floats
+    (JAX's kernel takes no traced scale); ``head_dim`` whole 128-lane tiles. Its block sizes are its own
+    tuned table's.
+    """
+    import jax.numpy as jnp
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    if not causal:
+        raise ValueError("JAX's ragged_paged_attention is causal only, got causal=False")
+    head_dim = q.shape[-1]
+    out = ragged_paged_attention(q, kv_pages, kv_lengths.astype(jnp.int32), page_indices.astype(jnp.int32),
+                                 cu_q_lens.astype(jnp.int32), num_seqs.astype(jnp.int32),
+                                 sm_scale=head_dim ** -0.5 if scale is None else float(scale),
+                                 k_scale=None if k_scale is None else float(k_scale),
+                                 v_scale=None if v_scale is None else float(v_scale))
+    return out.astype(q.dtype)
+
+
+jax_ragged_paged_attention.features = ("quantized_kv",)

@@ -48,10 +48,11 @@ def test_a_venv_with_the_project_is_not_set_up_again(tmp_path):
 def test_h100_profile_times_one_gpus_kernels_compiled_and_grades_them_fully():
     cases, pairs = build_cases(H100, H100.scopes, platform="gpu")
     assert H100.kernel_level == "full" and "sharded" not in H100.scopes
-    assert {c.implementation for c in cases} == {"flash", "cudnn", "xla", "pallas", "paged-triton", "paged-xla"}
+    assert {c.implementation for c in cases} == {"flash", "cudnn", "xla", "pallas", "paged-triton", "paged-xla",
+                                                 "ragged-triton", "ragged-xla"}
     assert not any(c.interpret for c in cases)
     assert sorted({c.seq_len for c in cases if c.scope == "flash"}) == [1024, 2048, 8192]
-    assert (len(cases), len(pairs)) == (74, 49)
+    assert (len(cases), len(pairs)) == (86, 53)
 
 
 @pytest.mark.slow  # a workspace and a build: about 20 s

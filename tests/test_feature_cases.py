@@ -147,7 +147,8 @@ def test_timing_a_mask_grades_the_flash_kernel_on_its_features():
     from tpu_kernel_records_tools.measure.run import measured_candidates
 
     cpu = get_profile("cpu")
-    assert measured_candidates(cpu, list(cpu.scopes), "cpu") == ("pallas", ["pallas", "flash", "paged-pallas"])
+    assert measured_candidates(cpu, list(cpu.scopes), "cpu") == ("pallas", ["pallas", "flash", "paged-pallas",
+                                                                          "ragged-pallas"])
     assert measured_candidates(cpu, ["masks-fwd"]) == ("flash", ["flash"])
 
 

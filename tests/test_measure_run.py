@@ -142,7 +142,10 @@ def test_correctness_comes_from_the_same_run(run):
 def test_the_measured_kernels_decide_the_candidates():
     cpu, tpu = get_profile("cpu"), get_profile("tpu-v5e")
     assert run_module.measured_candidates(cpu, ["softmax", "attention"]) == ("pallas", ["pallas"])
-    assert run_module.measured_candidates(tpu, list(SCOPES), "tpu") == ("pallas", ["pallas", "flash", "paged-pallas"])
+    assert run_module.measured_candidates(tpu, list(SCOPES), "tpu") == ("pallas", ["pallas", "flash", "paged-pallas",
+                                                                             "ragged-pallas"])
+    assert run_module.measured_candidates(tpu, ["ragged"], "gpu") == ("ragged-triton", ["ragged-triton"])
+    assert run_module.measured_candidates(cpu, ["ragged"], "cpu") == ("ragged-pallas", ["ragged-pallas"])
     assert run_module.measured_candidates(tpu, ["paged-decode"], "gpu") == ("paged-triton", ["paged-triton"])
     assert run_module.measured_candidates(cpu, ["paged-decode"], "cpu") == ("paged-pallas", ["paged-pallas"])
     assert run_module.measured_candidates(tpu, ["flash"]) == ("flash", ["flash"])

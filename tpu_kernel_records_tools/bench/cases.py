@@ -45,6 +45,8 @@ paired with the scope's reference (``xla``), and every kernel with every vendor 
   implementation gets the pool laid out as it reads it, ``Implementation.paged``). Useful bytes are
   the K/V actually read (``bench.roofline.paged_work``: each key a new row sees, once, plus q and
   the output).
+* ``ragged``: one serving step (decode rows, prefill chunks, a whole prompt) in one call of the ragged
+  contract over a bfloat16 or float8_e4m3fn cache (``RaggedModel``; its cases are ``bench.ragged_cases``').
 
 Every case of a scope and sequence length gets the same inputs (drawn from ``seed``); segment ids
 are not drawn from ``seed`` but follow from the case (``MaskedModel.segment_ids``), so its FLOPs do.
@@ -53,7 +55,6 @@ are not drawn from ``seed`` but follow from the case (``MaskedModel.segment_ids`
 from __future__ import annotations
 
 import dataclasses
-import zlib
 from typing import Any, Callable, Sequence
 
 import jax
@@ -61,70 +62,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..bench import roofline
-from ..bench.profiles import (MASK_SCOPES, MODEL_SCOPES, MODEL_SHAPES, PAGED_SCOPES, SCOPES, MaskedModel, PagedModel,
-                              Profile, Window)
+from ..bench.case import Case, LazyFn, Pair, declares, pair_cases, registered, seeded_rng, uses_pallas
+from ..bench.profiles import (MASK_SCOPES, MODEL_SCOPES, MODEL_SHAPES, PAGED_SCOPES, RAGGED_SCOPES, SCOPES, MaskedModel,
+                              PagedModel, Profile)
+from ..bench.ragged_cases import ragged_cases
 # Re-exported: many callers import these from bench.cases.
 from ..bench.profiles import PROFILES, get_profile  # noqa: F401
 from kernel_src import registry
 from kernel_src.registry import IMPLEMENTATIONS, Implementation
-
-
-@dataclasses.dataclass(frozen=True)
-class Case:
-    """One measured function at one shape.
-
-    ``fn(*args)`` is what is jitted and timed. Its kernels pick their lowering when lowered
-    (interpret mode on CPU, Mosaic on TPU), so ``tpu_fn`` is ``fn`` itself where a CPU run also
-    exports the case's StableHLO for TPU, ``None`` where there is nothing Pallas to export.
-    ``make_inputs()`` returns host (numpy) arrays matching ``abstract_args``. ``model``, ``window``,
-    ``softcap``, ``segments`` (documents per row) and ``sinks`` (``True``) describe a ``masks-*``
-    case's mask (``model`` and ``window`` also a ``paged-decode`` case's); ``page_size``, ``pages``
-    (table entries per sequence) and ``pool_pages`` a ``paged-decode`` case's cache; ``None`` for
-    every other case.
-    """
-
-    case_id: str
-    scope: str
-    implementation: str
-    seq_len: int
-    shape: dict[str, int]
-    dtype: str
-    causal: bool
-    padded: bool
-    interpret: bool
-    fn: Callable[..., Any]
-    abstract_args: tuple[jax.ShapeDtypeStruct, ...]
-    make_inputs: Callable[[], list[np.ndarray]]
-    flops: float
-    bytes_moved: float
-    tpu_fn: Callable[..., Any] | None = None
-    mesh_devices: int | None = None
-    model: str | None = None
-    window: Window | None = None
-    softcap: float | None = None
-    segments: int | None = None
-    sinks: bool | None = None
-    page_size: int | None = None
-    pages: int | None = None
-    pool_pages: int | None = None
-
-    def mask_fields(self) -> dict[str, Any]:
-        """The case record's mask and paged-cache fields (``benchmark.schema.json``): ``window`` as
-        ``[left, right]``."""
-        return dict(model=self.model, window=None if self.window is None else list(self.window),
-                    softcap=self.softcap, segments=self.segments, sinks=self.sinks,
-                    page_size=self.page_size, pages=self.pages, pool_pages=self.pool_pages)
-
-
-@dataclasses.dataclass(frozen=True)
-class Pair:
-    """Numerator over denominator at one scope and sequence; ``devices`` for a scaling pair."""
-
-    scope: str
-    seq_len: int
-    numerator: str
-    denominator: str
-    devices: int | None = None
 
 
 def kv_lengths_for(batch: int, seq: int) -> np.ndarray:
@@ -132,18 +77,7 @@ def kv_lengths_for(batch: int, seq: int) -> np.ndarray:
     return np.array([seq - (seq // 4) * ((b + 1) % 2) for b in range(batch)], dtype=np.int32)
 
 
-def _rng(seed: int, scope: str, seq: int) -> np.random.Generator:
-    return np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(scope.encode()), seq]))
-
-
 # --- implementations (declared once, in kernel_src.registry) ------------------------------------
-
-def _registered(name: str) -> Implementation:
-    try:
-        return IMPLEMENTATIONS[name]
-    except KeyError:
-        raise ValueError(f"unknown implementation {name!r}; choose from {sorted(IMPLEMENTATIONS)}") from None
-
 
 def _softmax_fn(impl: Implementation, causal: bool):
     softmax = impl.load_softmax()
@@ -179,25 +113,6 @@ def _implementations(scope: str, platform: str, profile: Profile) -> list[str]:
     return [impl.name for impl in registry.for_scope(scope, platform)]
 
 
-def _pairs(scope: str, seq: int, ids: dict[str, str]) -> list[Pair]:
-    """Every implementation over the reference, then every kernel over every vendor kernel."""
-    if scope == "sharded":
-        one, *many = sorted(ids, key=lambda impl: int(impl.split("@")[1]))
-        return [Pair(scope, seq, ids[impl], ids[one], devices=int(impl.split("@")[1]))
-                for impl in many]
-    kinds = {name: IMPLEMENTATIONS[name].kind for name in ids}
-    reference = next((name for name, kind in kinds.items() if kind == "reference"), None)
-    pairs = [Pair(scope, seq, ids[name], ids[reference]) for name in ids
-             if reference is not None and name != reference]
-    return pairs + [Pair(scope, seq, ids[kernel], ids[vendor])
-                    for kernel in ids if kinds[kernel] == "kernel"
-                    for vendor in ids if kinds[vendor] == "vendor"]
-
-
-def _uses_pallas(impl: str) -> bool:
-    return _registered(impl.split("@")[0]).pallas
-
-
 def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
                 platform: str | None = None) -> tuple[list[Case], list[Pair]]:
     """Expand ``profile`` over ``scopes`` into cases (in run order) and the pairs to compare."""
@@ -208,9 +123,9 @@ def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
     dtype = jnp.dtype(profile.dtype)
     cases, pairs = [], []
     for scope in scopes:
-        if scope in MODEL_SCOPES or scope in MASK_SCOPES or scope in PAGED_SCOPES:
+        if scope in MODEL_SCOPES or scope in MASK_SCOPES or scope in PAGED_SCOPES or scope in RAGGED_SCOPES:
             expand = (_model_cases if scope in MODEL_SCOPES else _mask_cases if scope in MASK_SCOPES
-                      else _paged_cases)
+                      else _paged_cases if scope in PAGED_SCOPES else ragged_cases)
             model_cases, model_pairs = expand(profile, scope, seed, platform)
             cases, pairs = cases + model_cases, pairs + model_pairs
             continue
@@ -221,7 +136,7 @@ def build_cases(profile: Profile, scopes: Sequence[str], *, seed: int = 0,
                 case = _case(profile, scope, impl, seq, batch, dtype, seed, platform)
                 ids[impl] = case.case_id
                 cases.append(case)
-            pairs += _pairs(scope, seq, ids)
+            pairs += pair_cases(scope, seq, ids)
     return cases, pairs
 
 
@@ -229,21 +144,21 @@ def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: 
           platform: str) -> Case:
     hq, hk, d = profile.num_q_heads, profile.num_kv_heads, profile.head_dim
     lengths = kv_lengths_for(batch, seq) if profile.padded else None
-    interpret = platform == "cpu" and _uses_pallas(impl)
+    interpret = platform == "cpu" and uses_pallas(impl)
     shape = dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq, num_kv_heads=hk, head_dim=d)
     lengths_spec = (jax.ShapeDtypeStruct((batch,), jnp.int32),) if lengths is not None else ()
     base, _, devices = impl.partition("@")
-    implementation = _registered(base)
+    implementation = registered(base)
 
     if scope == "softmax":
         abstract = (jax.ShapeDtypeStruct((batch, hq, seq, seq), dtype),) + lengths_spec
         flops, nbytes = roofline.softmax_work(batch, hq, seq, seq, dtype.itemsize, lengths is not None)
 
         def make_inputs():
-            logits = _rng(seed, scope, seq).standard_normal((batch, hq, seq, seq), dtype=np.float32)
+            logits = seeded_rng(seed, scope, seq).standard_normal((batch, hq, seq, seq), dtype=np.float32)
             return [(3.0 * logits).astype(dtype)] + ([lengths] if lengths is not None else [])
 
-        fn = _with_optional_lengths(_LazyFn(lambda: _softmax_fn(implementation, profile.causal)),
+        fn = _with_optional_lengths(LazyFn(lambda: _softmax_fn(implementation, profile.causal)),
                                     lengths)
         case_id = f"{scope}-{impl}-s{seq}"
     else:
@@ -255,7 +170,7 @@ def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: 
                                                 profile.causal, lengths)
 
         def make_inputs():
-            rng = _rng(seed, scope, seq)
+            rng = seeded_rng(seed, scope, seq)
             qkv = [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype) for a in abstract[:3]]
             return qkv + ([lengths] if lengths is not None else [])
 
@@ -265,12 +180,12 @@ def _case(profile: Profile, scope: str, impl: str, seq: int, batch: int, dtype: 
                 return _sharded_fn(kernel, int(devices), profile.causal, scale)
             return _attention_fn(kernel, profile.causal, scale)
 
-        fn = _with_optional_lengths(_LazyFn(contract_fn), lengths)
+        fn = _with_optional_lengths(LazyFn(contract_fn), lengths)
         case_id = f"{scope}-{base}-d{devices}-s{seq}" if scope == "sharded" else f"{scope}-{impl}-s{seq}"
 
     # The kernels choose their lowering when lowered, so the very program timed here, exported
     # for TPU, is what a TPU would be given (Mosaic, TPU tiles).
-    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)
+    export = platform == "cpu" and profile.export_tpu and uses_pallas(impl)
     return Case(case_id=case_id, scope=scope, implementation=impl, seq_len=seq, shape=shape,
                 dtype=dtype.name, causal=profile.causal, padded=lengths is not None,
                 interpret=interpret, fn=fn, abstract_args=abstract, make_inputs=make_inputs,
@@ -299,7 +214,7 @@ def _model_cases(profile: Profile, scope: str, seed: int, platform: str
                 case = _model_case(profile, scope, impl, seq, hq, hk, seed)
                 ids[impl] = case.case_id
                 cases.append(case)
-            pairs += _pairs(scope, seq, ids)
+            pairs += pair_cases(scope, seq, ids)
     return cases, pairs
 
 
@@ -314,7 +229,7 @@ def _model_case(profile: Profile, scope: str, impl: str, seq: int, hq: int, hk: 
     abstract = (q_spec, kv_spec, kv_spec) + ((q_spec,) if backward else ())
     flops, nbytes = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize, True, None,
                                             backward=backward)
-    implementation, scale = _registered(impl), d ** -0.5
+    implementation, scale = registered(impl), d ** -0.5
 
     def program():
         kernel = implementation.load()
@@ -330,22 +245,15 @@ def _model_case(profile: Profile, scope: str, impl: str, seq: int, hq: int, hk: 
         return forward_backward
 
     def make_inputs():
-        rng = _rng(seed, f"{scope}-h{hq}x{hk}", seq)
+        rng = seeded_rng(seed, f"{scope}-h{hq}x{hk}", seq)
         return [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype) for a in abstract]
 
     return Case(case_id=f"{scope}-{impl}-h{hq}x{hk}-s{seq}", scope=scope, implementation=impl,
                 seq_len=seq, shape=dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq,
                                         num_kv_heads=hk, head_dim=d),
                 dtype=dtype.name, causal=True, padded=False, interpret=False,
-                fn=_LazyFn(program), abstract_args=abstract, make_inputs=make_inputs,
+                fn=LazyFn(program), abstract_args=abstract, make_inputs=make_inputs,
                 flops=flops, bytes_moved=nbytes)
-
-
-def _declares(impl: str, features: Sequence[str]) -> bool:
-    """Whether ``impl``'s callable declares every one of ``features`` (``kernel_src.contract``)."""
-    from kernel_src.contract import declared_features
-
-    return not features or set(features) <= set(declared_features(_registered(impl).load()))
 
 
 def _mask_cases(profile: Profile, scope: str, seed: int, platform: str) -> tuple[list[Case], list[Pair]]:
@@ -361,14 +269,14 @@ def _mask_cases(profile: Profile, scope: str, seed: int, platform: str) -> tuple
             fits = dataclasses.replace(MODEL_SHAPES, batch=batch).xla_fits(
                 "model-fwd-bwd" if scope == "masks-fwd-bwd" else "model-fwd", masked.num_q_heads, seq)
             for impl in _implementations(scope, platform, profile):
-                if not _declares(impl, masked.features):
+                if not declares(impl, masked.features):
                     continue
                 if IMPLEMENTATIONS[impl].kind == "reference" and not fits:
                     continue
                 case = _mask_case(profile, scope, impl, masked, seq, documents, seed, platform)
                 ids[impl] = case.case_id
                 cases.append(case)
-            pairs += _pairs(scope, seq, ids)
+            pairs += pair_cases(scope, seq, ids)
     return cases, pairs
 
 
@@ -387,7 +295,7 @@ def _mask_case(profile: Profile, scope: str, impl: str, masked: MaskedModel, seq
     flops, nbytes = roofline.attention_work(batch, seq, seq, hq, hk, d, dtype.itemsize, True, None,
                                             backward=backward, window=masked.window, q_segment_ids=ids,
                                             kv_segment_ids=ids, sinks=masked.sinks)
-    implementation = _registered(impl)
+    implementation = registered(impl)
     scale = d ** -0.5 if masked.scale is None else masked.scale
     options = dict(causal=True, scale=scale)
     if masked.window is not None:
@@ -419,7 +327,7 @@ def _mask_case(profile: Profile, scope: str, impl: str, masked: MaskedModel, seq
         return forward_backward
 
     def make_inputs():
-        rng = _rng(seed, f"{scope}-{masked.name}-d{documents}", seq)
+        rng = seeded_rng(seed, f"{scope}-{masked.name}-d{documents}", seq)
         arrays = [rng.standard_normal(a.shape, dtype=np.float32).astype(dtype)
                   for a in abstract[:4 if backward else 3]]
         if ids is not None:
@@ -428,10 +336,10 @@ def _mask_case(profile: Profile, scope: str, impl: str, masked: MaskedModel, seq
             arrays.append(rng.standard_normal((hq,), dtype=np.float32))
         return arrays
 
-    interpret = platform == "cpu" and _uses_pallas(impl)
-    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)  # as in ``_case``
+    interpret = platform == "cpu" and uses_pallas(impl)
+    export = platform == "cpu" and profile.export_tpu and uses_pallas(impl)  # as in ``_case``
     docs = "" if documents is None else f"-d{documents}"
-    fn = _LazyFn(program)
+    fn = LazyFn(program)
     return Case(case_id=f"{scope}-{impl}-{masked.name}{docs}-s{seq}", scope=scope, implementation=impl,
                 seq_len=seq, shape=dict(batch=batch, q_len=seq, kv_len=seq, num_q_heads=hq, num_kv_heads=hk,
                                         head_dim=d),
@@ -452,12 +360,12 @@ def _paged_cases(profile: Profile, scope: str, seed: int, platform: str) -> tupl
         for context, page_size in paged.variants():
             ids = {}
             for impl in _implementations(scope, platform, profile):
-                if not _declares(impl, paged.features):
+                if not declares(impl, paged.features):
                     continue
                 case = _paged_case(profile, scope, impl, paged, context, page_size, seed, platform)
                 ids[impl] = case.case_id
                 cases.append(case)
-            pairs += _pairs(scope, context, ids)
+            pairs += pair_cases(scope, context, ids)
     return cases, pairs
 
 
@@ -469,7 +377,7 @@ def _paged_case(profile: Profile, scope: str, impl: str, paged: PagedModel, cont
     batch, hq, hk, d = paged.batch_for(context), paged.num_q_heads, paged.num_kv_heads, paged.head_dim
     lengths = paged.lengths(context)
     table, pool = paged.page_table(context, page_size)
-    implementation = _registered(impl)
+    implementation = registered(impl)
     heads_first = implementation.paged == "heads-first"
     pool_shape = (hk, pool, page_size, d) if heads_first else (pool, page_size, hk, d)
     abstract = (jax.ShapeDtypeStruct((batch, 1, hq, d), dtype), jax.ShapeDtypeStruct(pool_shape, dtype),
@@ -485,16 +393,16 @@ def _paged_case(profile: Profile, scope: str, impl: str, paged: PagedModel, cont
         return lambda q, k, v, lengths, table: kernel(q, k, v, kv_lengths=lengths, page_indices=table, **options)
 
     def make_inputs():
-        rng = _rng(seed, f"{scope}-{paged.name}-p{page_size}", context)
+        rng = seeded_rng(seed, f"{scope}-{paged.name}-p{page_size}", context)
         q = rng.standard_normal((batch, 1, hq, d), dtype=np.float32).astype(dtype)
         k, v = (rng.standard_normal((pool, page_size, hk, d), dtype=np.float32).astype(dtype) for _ in range(2))
         if heads_first:
             k, v = (np.ascontiguousarray(x.transpose(2, 0, 1, 3)) for x in (k, v))
         return [q, k, v, lengths, table]
 
-    interpret = platform == "cpu" and _uses_pallas(impl)
-    export = platform == "cpu" and profile.export_tpu and _uses_pallas(impl)  # as in ``_case``
-    fn = _LazyFn(program)
+    interpret = platform == "cpu" and uses_pallas(impl)
+    export = platform == "cpu" and profile.export_tpu and uses_pallas(impl)  # as in ``_case``
+    fn = LazyFn(program)
     return Case(case_id=f"{scope}-{impl}-{paged.name}-p{page_size}-s{context}", scope=scope, implementation=impl,
                 seq_len=context, shape=dict(batch=batch, q_len=1, kv_len=context, num_q_heads=hq, num_kv_heads=hk,
                                             head_dim=d),
@@ -502,16 +410,6 @@ def _paged_case(profile: Profile, scope: str, impl: str, paged: PagedModel, cont
                 make_inputs=make_inputs, tpu_fn=fn if export else None, flops=flops, bytes_moved=nbytes,
                 model=paged.name, window=paged.window, page_size=page_size, pages=context // page_size,
                 pool_pages=pool)
-
-
-class _LazyFn:
-    """Resolves the implementation at the first call, so a missing kernel fails its case only."""
-
-    def __init__(self, factory: Callable[[], Callable[..., Any]]):
-        self.factory = factory
-
-    def __call__(self, *args):
-        return self.factory()(*args)
 
 
 def _with_optional_lengths(fn: Callable[..., Any], lengths: np.ndarray | None) -> Callable[..., Any]:

@@ -18,6 +18,7 @@ from ..bench import roofline
 
 KV_DTYPES = ("bfloat16", "float8_e4m3fn")  # the cache dtypes a step is timed at
 QUANTIZED_SCALES = (0.5, 0.25)  # (k_scale, v_scale) of a float8_e4m3fn cache: a key is float32(stored) * k_scale
+TOKEN_MULTIPLE = 16  # q's rows are padded to a multiple, as a serving engine pads a step to its batch bucket
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,9 +78,15 @@ class RaggedModel:
         return np.array(q_lens, np.int32), np.array(kv_lens, np.int32)
 
     @property
-    def num_tokens(self) -> int:
-        """Query rows of the step (``q``'s first axis): every sequence's new rows."""
+    def rows(self) -> int:
+        """Every sequence's new rows: the step's query rows, padding not counted."""
         return int(self.mix()[0].sum())
+
+    @property
+    def num_tokens(self) -> int:
+        """``q``'s first axis: ``rows`` padded to a multiple of ``TOKEN_MULTIPLE`` (rows past the sequences' are
+        the contract's padding: not graded, not counted as work)."""
+        return -(-self.rows // TOKEN_MULTIPLE) * TOKEN_MULTIPLE
 
     @property
     def num_seqs(self) -> int:

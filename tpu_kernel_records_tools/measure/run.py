@@ -25,6 +25,7 @@ from ..records import rawio
 from ..builder.verdicts import features_by_candidate
 from ..bench.benchmark import run_benchmark
 from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, PAGED_SCOPES, Profile, get_profile
+from ..bench.profiles import RAGGED_SCOPES
 from ..bench.profiles import default_profile
 
 INTERPRET_WARNING = ("Pallas ran in interpret mode on the CPU: its timings say nothing about kernel "
@@ -73,7 +74,8 @@ def measured_candidates(profile: Profile, scopes: Sequence[str], platform: str |
     rows: ``builder.verdicts``): each kernel
     the scopes time on ``platform`` (default: this host's backend) is graded under the name the registry
     gives it (``Implementation.grading_name``), so the graded kernel is the timed one; the paged kernel
-    of ``paged-decode`` (``paged-pallas``, ``paged-triton`` on a GPU) on the paged contract."""
+    of ``paged-decode`` (``paged-pallas``, ``paged-triton`` on a GPU) on the paged contract, the ragged kernel of
+    ``ragged`` (``ragged-pallas``, ``ragged-triton`` on a GPU) on the ragged contract."""
     from kernel_src import registry
 
     kernels = []
@@ -84,7 +86,7 @@ def measured_candidates(profile: Profile, scopes: Sequence[str], platform: str |
         kernels.append("flash")
     if "sharded" in scopes and profile.sharded_kernel == "pallas" and "pallas" not in kernels:
         kernels.append("pallas")
-    for scope in PAGED_SCOPES:
+    for scope in PAGED_SCOPES + RAGGED_SCOPES:
         if scope in scopes:
             kernels += [impl.grading_name for impl in registry.for_scope(scope, platform or jax.default_backend())
                         if impl.kind == "kernel" and impl.grading_name]
@@ -167,7 +169,7 @@ def run_measure(out: Path | None = None, *, profile: str | None = None, warmups:
       warmups, samples: per case; the profile's defaults (5 and 20; cpu 2 and 10) when ``None``.
       scopes: subset of ``bench.cases.SCOPES`` (``softmax``, ``attention``, ``flash``, ``sharded``,
         the masks models run, ``masks-fwd``, ``masks-fwd-bwd``, the paged decode step ``paged-decode``,
-        and on a TPU or GPU the model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's defaults
+        the ragged serving step ``ragged``, and on a TPU or GPU the model-sized ``model-fwd``, ``model-fwd-bwd``); the profile's defaults
         when ``None``.
       seed: inputs, bootstrap resampling and the rubric.
       power_seeds: seeds for the rubric's grader-power summary; 0 records ``power: null``.
