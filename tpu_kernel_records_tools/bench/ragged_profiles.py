@@ -17,6 +17,7 @@ import numpy as np
 from ..bench import roofline
 
 KV_DTYPES = ("bfloat16", "float8_e4m3fn")  # the cache dtypes a step is timed at
+KV_ITEMSIZE = {"bfloat16": 2, "float8_e4m3fn": 1}  # bytes per stored element of each
 QUANTIZED_SCALES = (0.5, 0.25)  # (k_scale, v_scale) of a float8_e4m3fn cache: a key is float32(stored) * k_scale
 TOKEN_MULTIPLE = 16  # q's rows are padded to a multiple, as a serving engine pads a step to its batch bucket
 

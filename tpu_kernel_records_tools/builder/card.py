@@ -4,12 +4,13 @@ Generated parts sit between marker comments; everything else in the card is writ
 
     # BEGIN GENERATED: dataset_info          (inside the YAML front matter)
     <!-- BEGIN GENERATED: records -->        (markdown body; also: glance, usage, fields, power, figure,
-                                                masks, paged, leaderboard, plan)
+                                                masks, paged, ragged, leaderboard, plan)
 
 The ``plan`` section comes from ``data/plan/tpu-v5e.json`` (``builder.plan``), ``fields`` from
 ``builder.fields`` (every column's description), ``masks`` from the profiles' masked models
 (``bench.cases.MaskedModel``) and the tables' ``masks-*`` rows, ``paged`` from the profiles' paged decode
-steps (``bench.cases.PagedModel``) and the tables' ``paged-decode`` rows, the others from the tables.
+steps (``bench.cases.PagedModel``) and the tables' ``paged-decode`` rows, ``ragged`` from the profiles' serving
+steps and the tables' ``ragged`` rows (``builder.ragged_card``), the others from the tables.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import yaml
 from . import fields
 from .leaderboard import leaderboard
 from .markdown import code, table, text
+from .ragged_card import ragged
 from ..bench.stats import CONFIDENCE
 from ..records.schema import CONFIG_NAMES, FEATURES, TAG
 
@@ -36,7 +38,7 @@ FIGURE_KEY = "tpu-kernel-records-data-sha256"
 BASELINE = "xla"  # the figure and its table show ratios to this implementation
 YAML_SECTIONS = ("dataset_info",)
 SECTIONS = ("dataset_info", "glance", "usage", "fields", "records", "power", "figure", "masks", "paged",
-            "leaderboard", "plan")
+            "ragged", "leaderboard", "plan")
 PLACEHOLDER_REPO = "OWNER/tpu-kernel-records"
 MAX_LISTED_SHAPES = 6  # grader-power shapes listed one by one in the card up to this many  # the usage examples name the real repo once published
 
@@ -456,6 +458,7 @@ def sections(tables: dict[str, pa.Table]) -> dict[str, str]:
             "fields": fields.section(tables), "records": records(tables["environment"]),
             "power": power(tables["correctness"]), "figure": figure_section(tables["benchmark"]),
             "masks": masks(tables["benchmark"]), "paged": paged(tables["benchmark"]),
+            "ragged": ragged(tables["benchmark"]),
             "leaderboard": leaderboard(tables["benchmark"], tables["correctness"]),
             "usage": usage()}
 

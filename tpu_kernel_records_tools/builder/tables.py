@@ -4,7 +4,8 @@ Row layouts:
 
 * benchmark: one row per case, with the verdict of the scorecard of the implementation it timed
   (``graded_verdict``, ``builder.verdicts``); a ``masks-*`` case's mask in ``model``, ``window``, ``softcap``,
-  ``segments``, ``sinks``, a ``paged-decode`` case's cache in ``page_size``, ``pages``, ``pool_pages``
+  ``segments``, ``sinks``, a ``paged-decode`` case's cache in ``page_size``, ``pages``, ``pool_pages``, a
+  ``ragged`` case's those and its step in ``num_seqs``, ``q_rows``, ``kv_dtype``, ``quantized_kv``
   (null elsewhere, and for runs from before them); ``compiled_tpu`` (a struct, null where the case has no compiled TPU
   program or it could not be compiled: ``compiled_tpu_reason``) holds the TPU compiler's facts,
   predicted by the compiler, not measured. ``pairs`` lists every pair with this case as numerator (baseline,
@@ -86,13 +87,16 @@ def _compiled_tpu(facts: dict[str, Any] | None, raw: str) -> dict[str, Any] | No
 
 def mask_columns(case: dict[str, Any]) -> dict[str, Any]:
     """A case's mask and paged-cache columns: ``model``, ``window`` (``[left, right]`` as the struct
-    ``left`` / ``right``), ``softcap``, ``segments``, ``sinks``, ``page_size``, ``pages``, ``pool_pages``;
-    null where the case (or a run from before masks or paged caches) has none."""
+    ``left`` / ``right``), ``softcap``, ``segments``, ``sinks``, ``page_size``, ``pages``, ``pool_pages`` and
+    a ragged step's ``num_seqs``, ``q_rows``, ``kv_dtype``, ``quantized_kv``; null where the case (or a run from
+    before masks, paged caches or ragged steps) has none."""
     window = case.get("window")
     return {"model": case.get("model"),
             "window": None if window is None else {"left": window[0], "right": window[1]},
             "softcap": case.get("softcap"), "segments": case.get("segments"), "sinks": case.get("sinks"),
-            "page_size": case.get("page_size"), "pages": case.get("pages"), "pool_pages": case.get("pool_pages")}
+            "page_size": case.get("page_size"), "pages": case.get("pages"), "pool_pages": case.get("pool_pages"),
+            "num_seqs": case.get("num_seqs"), "q_rows": case.get("q_rows"), "kv_dtype": case.get("kv_dtype"),
+            "quantized_kv": case.get("quantized_kv")}
 
 
 def benchmark_rows(acc: Accepted) -> list[dict[str, Any]]:

@@ -22,10 +22,11 @@ _RECORD = {
                        "speed", NEVER),
 }
 _SHAPE = {
-    "batch": ("count", "batch size", "a published summary that does not state it"),
-    "q_len": ("tokens", "query length", "a published summary that does not state it"),
-    "kv_len": ("tokens", "key / value length (bottom-right causal: the last query sees every key)",
-               "a published summary that does not state it"),
+    "batch": ("count", "batch size (a `ragged` case: its sequences)", "a published summary that does not state it"),
+    "q_len": ("tokens", "query length (a `ragged` case: q's rows, all sequences' together, padded)",
+              "a published summary that does not state it"),
+    "kv_len": ("tokens", "key / value length (bottom-right causal: the last query sees every key; a `ragged` case: "
+                         "its longest sequence's)", "a published summary that does not state it"),
     "num_q_heads": ("count", "query heads", "a published summary that does not state it"),
     "num_kv_heads": ("count", "key / value heads; query head `h` reads kv head `h // (num_q_heads // "
                               "num_kv_heads)`", "a published summary that does not state it"),
@@ -35,7 +36,8 @@ _TIMING = "a published summary (it printed medians only)"
 _NO_PEAK = "a published summary, or a device whose peak is not known"
 _NO_PAIR = "the case is no pair's numerator (e.g. the XLA case itself)"
 _NO_MASK = "not a `masks-*` case, or a record from before masks existed"
-_NO_PAGED = "not a `paged-decode` case, or a record from before paged caches existed"
+_NO_PAGED = "not a `paged-decode` or `ragged` case, or a record from before paged caches existed"
+_NO_RAGGED = "not a `ragged` case, or a record from before the ragged scope existed"
 
 BENCHMARK = {
     **_RECORD,
@@ -53,7 +55,9 @@ BENCHMARK = {
     "implementation": ("—", "`xla` (the pure-JAX reference), `pallas`, `flash`, `flash-triton`, `cudnn`, "
                             "`submitted`, or `<impl>@<devices>` in the sharded scope; `paged-decode`: `paged-xla` "
                             "(gather-then-attend reference), `paged-pallas`, `paged-triton`, `jax-paged` (JAX's "
-                            "`paged_attention`)", NEVER),
+                            "`paged_attention`); `ragged`: `ragged-xla` (every row gathers its sequence's table, "
+                            "then attends), `ragged-pallas`, `ragged-triton`, `jax-ragged` (JAX's "
+                            "`ragged_paged_attention`)", NEVER),
     "graded_verdict": ("—", "the verdict of the scorecard(s) of the implementation this row timed (its "
                             "candidate: the submission, or the registry's `grading_name`, e.g. `reference` for "
                             "`xla`): `passed`. A run in which any timed kernel's scorecard failed, errored or is "
@@ -69,8 +73,9 @@ BENCHMARK = {
     "padded": ("—", "whether `kv_lengths` padding was passed", "a published summary that does not state it"),
     "model": ("—", "scopes `masks-fwd` / `masks-fwd-bwd`: the model whose attention mask the case runs "
                    "(`mistral-7b`, `gemma-2-9b`, `gpt-oss-20b`, `packed`); `paged-decode`: the model whose heads "
-                   "(and window) the decode step has (`llama-3-8b`, `mistral-7b`); `-tiny` at the CPU profiles' "
-                   "sizes", f"not a `masks-*` or `paged-decode` case, or a record from before them"),
+                   "(and window) the decode step has (`llama-3-8b`, `mistral-7b`); `ragged`: the model whose heads "
+                   "the serving step has (`llama-3-8b`, `qwen2.5-7b`); `-tiny` at the CPU profiles' sizes",
+              "not a `masks-*`, `paged-decode` or `ragged` case, or a record from before them"),
     "window": ("tokens", "the sliding window `window_size` as `left` / `right`: key `j` is visible to the row at "
                          "position `p` iff `p - left <= j <= p + right` (a side null: unbounded); a model's "
                          "`sliding_window = W` is `left = W - 1, right = 0`",
@@ -83,10 +88,18 @@ BENCHMARK = {
                    "backward)", f"{_NO_MASK}, or no sinks"),
     "page_size": ("tokens", "keys per page of the paged KV cache: key `j` of a sequence is slot `j % page_size` of "
                             "the page its table names at entry `j // page_size`", _NO_PAGED),
-    "pages": ("count", "page-table entries per sequence (`kv_len / page_size`: the longest sequence's pages; "
-                       "shorter ones use fewer)", _NO_PAGED),
+    "pages": ("count", "page-table entries per sequence (`kv_len / page_size` rounded up: the longest sequence's "
+                       "pages; shorter ones use fewer)", _NO_PAGED),
     "pool_pages": ("count", "pages in the pool the tables point into (each sequence's pages distinct and in a "
                             "random order)", _NO_PAGED),
+    "num_seqs": ("count", "sequences in the serving step: decode rows (one new row each), chunks of a prefill and "
+                          "whole prompts, in one call (`batch` repeats it)", _NO_RAGGED),
+    "q_rows": ("count", "the step's query rows, every sequence's new rows; `q_len` is q's first axis, these padded "
+                        "to a multiple of 16 (padding rows are neither graded nor counted as work)", _NO_RAGGED),
+    "kv_dtype": ("—", "the KV cache's dtype: `bfloat16` (q's), or `float8_e4m3fn` stored quantized", _NO_RAGGED),
+    "quantized_kv": ("—", "true: the cache is stored quantized (`float8_e4m3fn` with `k_scale` 0.5 and `v_scale` "
+                          "0.25: a key is `float32(stored) * k_scale`), the contract's `quantized_kv` feature, which "
+                          "the timed kernel's scorecard then grades", _NO_RAGGED),
     "devices_used": ("count", "devices this case ran on", NEVER),
     "status": ("—", "`ok`, or `failed` (then `error` says why; an accepted record has only `ok`)", NEVER),
     "error": ("—", "why the case failed", "the case succeeded"),
@@ -114,7 +127,8 @@ BENCHMARK = {
     "bytes_moved": ("bytes", "least bytes one call must move to and from device memory (every input read and "
                              "every output written once); `paged-decode`: the K/V actually read (each key a new "
                              "row sees, its K and V once) plus q and the output, derived from the case's lengths "
-                             "exactly", "a published summary"),
+                             "exactly; `ragged` likewise, K and V at the cache's dtype (1 byte for "
+                             "`float8_e4m3fn`), q and the output for the step's `q_rows`", "a published summary"),
     "tflops": ("TFLOP/s", "`flops / median`", "a published summary"),
     "gbps": ("GB/s", "`bytes_moved / median`", "a published summary"),
     "peak_flops_fraction": ("fraction", "`tflops` over the device's peak", _NO_PEAK),

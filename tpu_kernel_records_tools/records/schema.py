@@ -18,7 +18,8 @@ the parquet files themselves, so nothing here is declared a second time.
   A ``masks-*`` case fills ``model``, ``window`` (a struct ``left`` / ``right``), ``softcap``,
   ``segments`` and ``sinks`` where its mask has them; every other row, and every record from before
   they existed, leaves them null. A ``paged-decode`` case fills ``page_size``, ``pages`` and
-  ``pool_pages`` (and ``model``, ``window``); others leave them null. A correctness check row's
+  ``pool_pages`` (and ``model``, ``window``); a ``ragged`` case those (``model``, the cache) and
+  ``num_seqs``, ``q_rows``, ``kv_dtype``, ``quantized_kv``; others leave them null. A correctness check row's
   ``contract`` is ``attention`` or ``paged`` (a scorecard naming none was graded on ``attention``);
   a power row's is the contract its candidate was swept on.
 """
@@ -83,7 +84,8 @@ FEATURES: dict[str, pa.Schema] = {
         **_RECORD, device_kind=_str, device_count=_int, profile=_str,
         case_id=_str, scope=_str, implementation=_str, graded_verdict=_str, seq_len=_int, **_SHAPE,
         dtype=_str, causal=_bool, padded=_bool, model=_str, window=WINDOW, softcap=_float, segments=_int,
-        sinks=_bool, page_size=_int, pages=_int, pool_pages=_int, devices_used=_int,
+        sinks=_bool, page_size=_int, pages=_int, pool_pages=_int, num_seqs=_int, q_rows=_int, kv_dtype=_str,
+        quantized_kv=_bool, devices_used=_int,
         status=_str, error=_str, warmups=_int, samples_per_case=_int, num_samples=_int,
         samples_ms=_list(_float),
         transfer_ms=_float, lower_ms=_float, compile_ms=_float,
