@@ -129,7 +129,7 @@ def test_an_unknown_feature_is_refused_by_build_and_verify(tmp_path):
     with pytest.raises(BuildError) as err:
         build([run], ws / "data", allow_interpret=True)
     assert err.value.rule == "schema" and err.value.field == "scorecards/1/features/2"
-    assert "'alibi' is not one of ['window', 'softcap', 'segments', 'sinks']" in str(err.value)
+    assert "'alibi' is not one of ['window', 'softcap', 'segments', 'sinks', 'quantized_kv']" in str(err.value)
     assert "\n" not in str(err.value) and not (ws / "data").exists()
     # The same run slipped into data/raw by hand: verify names it.
     shutil.copytree(run, ws / "data" / "raw" / "synthetic-unknown")

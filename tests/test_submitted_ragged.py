@@ -3,14 +3,21 @@ with the kernel's declared features only, the timed calls' outputs judged row by
 by the contract's rule), graded on the ragged rubric in its sandbox, timed at the cpu profile's ``ragged`` cases
 and shown in the ragged leaderboard table; a wrong one graded failing and given no timed row."""
 import dataclasses
+from types import SimpleNamespace
 
 import numpy as np
+import pyarrow as pa
 import pytest
 
 from kernel_src.reference import reference_paged_attention, reference_ragged_paged_attention
+from tpu_kernel_records_tools.builder import leaderboard
+from tpu_kernel_records_tools.grading import contracts
+from tpu_kernel_records_tools.grading.check_context import CheckSpec
 from tpu_kernel_records_tools.grading.paged.signature import PagedSignature
+from tpu_kernel_records_tools.grading.ragged import big_pool
+from tpu_kernel_records_tools.grading.ragged import checks as ragged_checks
 from tpu_kernel_records_tools.grading.ragged.signature import RaggedSignature
-from tpu_kernel_records_tools.measure import timed_checks
+from tpu_kernel_records_tools.measure import submission, timed_checks
 
 Q_LENS, KV_LENS = (1, 0, 5, 7, 1), (9, 4, 21, 7, 30)  # a decode row, an empty sequence, a chunk, a prompt, a decode
 PAGE, HEADS, KV_HEADS, DIM, PADDING = 4, 4, 2, 16, 3
@@ -101,3 +108,59 @@ def test_the_paged_check_still_judges_each_rows_visible_keys():
     assert ok, detail
     ok, detail = timed_checks.check_paged_output(sig, host, out[::-1], rng=np.random.default_rng(0))
     assert not ok, detail
+
+
+def test_the_rubrics_calls_are_recorded_with_the_declared_features_only(monkeypatch):
+    sig, host = ragged_step()
+    q, k, v, lengths, table, cu, num_seqs = host
+    base = dict(kv_lengths=lengths, page_indices=table, cu_q_lens=cu, num_seqs=num_seqs)
+    quantized = [x.astype("int8") for x in (k, v)]
+    calls = [SimpleNamespace(q=q, k_pages=k, v_pages=v, window=None, softcap=None, sinks=None, k_scale=None,
+                             kwargs=base),  # the base contract
+             SimpleNamespace(q=q, k_pages=k, v_pages=v, window=(3, 0), softcap=None, sinks=None, k_scale=None,
+                             kwargs={**base, "window_size": (3, 0)}),
+             SimpleNamespace(q=q, k_pages=quantized[0], v_pages=quantized[1], window=None, softcap=None, sinks=None,
+                             k_scale=0.5, kwargs={**base, "k_scale": 0.5, "v_scale": 0.25})]
+    check = CheckSpec("ragged-stand-in", 1, lambda ctx: [ctx.runner.ragged_forward(p)
+                                                         for p in ragged_checks.callable_with(ctx, calls)], "")
+    stand_in = dataclasses.replace(contracts.RAGGED, checks_for=lambda features: (check,))
+    monkeypatch.setattr(submission.contracts, "get", lambda name: stand_in)
+    monkeypatch.setattr(contracts.Contract, "reference", lambda self: lambda q, *a, **kw: np.zeros(q.shape, q.dtype))
+    signatures = submission.grading_signatures(0, "quick", ("quantized_kv",), "ragged")
+    assert signatures == [sig, dataclasses.replace(sig, pool_dtype="int8")]  # no call with a window
+
+
+def test_a_pool_past_2_31_elements_is_recorded_without_running_the_reference():
+    recorder = submission._Recorder(contracts.RAGGED, ("quantized_kv",))
+    recorder.fn = None  # not called
+    assert big_pool.unprobed(recorder, True, available_bytes=2 ** 50) is None  # asked for, as the grader's runner
+    pool = np.broadcast_to(np.int8(0), (2 ** 21, 16, 4, 16))  # 2^31 elements, none allocated
+    lengths, table, cu = np.array([16], np.int32), np.array([[2 ** 21 - 1]], np.int32), np.array([0, 1], np.int32)
+    problem = SimpleNamespace(q=np.ones((2, 4, 16), np.float32), k_pages=pool, v_pages=pool, kwargs=dict(
+        kv_lengths=lengths, page_indices=table, cu_q_lens=cu, num_seqs=np.array([1], np.int32), k_scale=1.0,
+        v_scale=1.0))
+    out = recorder.ragged_forward(problem)
+    assert out.shape == (2, 4, 16) and not out.any()
+    assert recorder.signatures == [RaggedSignature((2, 4, 16), pool.shape, (1, 1), "float32", True, None,
+                                                   pool_dtype="int8")]
+
+
+def test_the_leaderboard_gives_ragged_kernels_their_own_table_and_baselines():
+    def timed(record, scope, kv_dtype=None):
+        return dict(record_id=record, source="submitted", implementation="submitted", interpret=True, device_kind="cpu",
+                    scope=scope, seq_len=64, batch=4, num_q_heads=4, num_kv_heads=2, head_dim=128, dtype="bfloat16",
+                    median_ms=1.0, samples_ms=[1.0] * 5, page_size=16, kv_dtype=kv_dtype,
+                    pairs=[dict(baseline_case_id=f"{scope}-{scope}-{b}-m", ratio=r, ci_low=None, ci_high=None)
+                           for b, r in (("xla", 2.0), ("pallas", 3.0))])
+
+    def verdict(record, contract):
+        return dict(record_id=record, candidate=record, candidate_passed=True, source="submitted", measured=True,
+                    row_kind="check", features=["quantized_kv"] if contract == "ragged" else [], contract=contract)
+    bench = pa.Table.from_pylist([timed("r1", "ragged", kv_dtype="float8_e4m3fn"), timed("p1", "paged")])
+    checks = pa.Table.from_pylist([verdict("r1", "ragged"), verdict("p1", "paged")])
+    paged, ragged = leaderboard.leaderboard(bench, checks).strip().split("\n\n")[1::2]
+    assert "vs paged-xla" in paged and "| 2.00x | 3.00x |" in paged
+    assert "(batch, seq, q/kv heads, head_dim, dtype, page size, cache)" in ragged
+    assert "| vs ragged-xla [95% CI] | vs ragged-pallas [95% CI] |" in ragged
+    assert "| 4, 64, 4/2, 128, bfloat16, 16, float8\\_e4m3fn | `r1` | ragged: base + quantized\\_kv |" in ragged
+    assert "| 2.00x | 3.00x |" in ragged

@@ -18,7 +18,9 @@ A paged kernel (``contract="paged"``, ``measure --candidate --paged``) goes the 
 contract: its signatures are :class:`grading.export.PagedSignature`s (the paged rubric's calls, recorded on
 the paged reference, and one per ``paged-decode`` case of the profile that its declared features allow),
 the rubric grades :class:`grading.export.ProgramPagedAttention` on the paged checks, and the programs are
-timed (forward only) beside the paged implementations at those cases.
+timed (forward only) beside the paged implementations at those cases. A ragged kernel (``contract="ragged"``,
+``--ragged``) likewise, at the profile's ``ragged`` cases (``measure.timed_contracts``: each contract's scopes,
+templates and row check).
 """
 
 from __future__ import annotations
@@ -37,14 +39,17 @@ import numpy as np
 
 from ..bench import roofline, stats
 from ..bench.benchmark import BenchmarkResult, run_benchmark
-from ..bench.cases import MODEL_SCOPES, PAGED_SCOPES, Case, Profile
+from ..bench.cases import MODEL_SCOPES, Case, Profile
 from ..bench.submitted import roofline_floor_ms, time_program
+from ..builder.verdicts import features_used
 from ..grading import contracts
 from ..grading.contracts import Contract
 from ..grading.export import PagedSignature, ProgramRefused, Signature, load_program, program_path
 from ..grading.exporter import export_declared
 from .supervise import DEFAULT_CASE_BUDGET_S, announce
-from .timed_checks import check_output, check_paged_output, check_rng
+from .timed_checks import check_output, check_rng
+from . import timed_contracts
+from .timed_contracts import BY_SCOPE, TIMED
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{1,63}$")
 SUBMITTED = "submitted"  # the implementation name of a submitted kernel's cases
@@ -59,17 +64,15 @@ def check_name(name: str) -> str:
     return name
 
 
-PAGED = contracts.PAGED.name  # a paged submission is timed at the profile's paged-decode cases (bench.cases)
-PAGED_TEMPLATE = "paged-xla"  # the paged implementation whose cases give a paged submission's timed shapes
-
-
 def bench_scopes(profile: Profile, contract: str = "attention") -> list[str]:
-    """The scopes a submission is timed at: ``flash`` and the profile's model scopes; ``paged-decode`` for
-    a paged kernel."""
-    if contract == PAGED:
-        if not profile.paged:
-            raise ProgramRefused(f"profile {profile.name!r} has no paged-decode cases to time a paged kernel at")
-        return list(PAGED_SCOPES)
+    """The scopes a submission is timed at: ``flash`` and the profile's model scopes; its contract's own
+    (``measure.timed_contracts``: ``paged-decode`` for a paged kernel, ``ragged`` for a ragged one)."""
+    if contract in TIMED:
+        timed = TIMED[contract]
+        if not getattr(profile, timed.models):
+            raise ProgramRefused(f"profile {profile.name!r} has no {'/'.join(timed.scopes)} cases to time a "
+                                 f"{contract} kernel at")
+        return list(timed.scopes)
     return ["flash"] + [s for s in profile.scopes if s in MODEL_SCOPES]
 
 
@@ -79,8 +82,9 @@ class _Recorder:
     """The checks' runner (``grading.calls.Calls``) that calls the contract's reference in this process and
     notes each call's signature (the contract's ``signature_type``)."""
 
-    def __init__(self, contract: Contract):
+    def __init__(self, contract: Contract, features: tuple[str, ...]):
         self.fn, self.signature_type = contract.reference(), contract.signature_type
+        self.features = features  # the ragged checks call a kernel only with the features it declares
         self.signatures: list = []
         self.nonfinite, self.returned, self.timed_out, self.check = [], 0, False, ""
 
@@ -95,7 +99,13 @@ class _Recorder:
     def paged_forward(self, p) -> np.ndarray:
         return self._call(p.q, p.k_pages, p.v_pages, **p.kwargs)
 
+    holes = True  # as the grader's runner (grading.runner): ragged-long's full level asks for a pool past 2^31
+    BIG_POOL = 2 ** 31  # elements of a pool whose call is noted but not run here (grading.ragged.big_pool)
+
     def ragged_forward(self, p) -> np.ndarray:
+        if p.k_pages.size >= self.BIG_POOL:
+            self.signatures.append(self.signature_type.of_call(p.q, p.k_pages, p.v_pages, **p.kwargs))
+            return np.zeros(p.q.shape, p.q.dtype)
         return self._call(p.q, p.k_pages, p.v_pages, **p.kwargs)
 
     def vjp(self, p):
@@ -115,7 +125,7 @@ def grading_signatures(seed: int, level: str, features: tuple[str, ...] = (), co
     ``features`` (on the paged contract: the paged rubric's calls, as ``PagedSignature``s)."""
     from ..grading.dense.context import Context
 
-    recorder = _Recorder(contracts.get(contract))
+    recorder = _Recorder(contracts.get(contract), features)
     ctx = Context(recorder, seed, level=level)
     for spec in contracts.get(contract).checks_for(features):
         recorder.check = spec.name
@@ -127,10 +137,8 @@ def grading_signatures(seed: int, level: str, features: tuple[str, ...] = (), co
 
 
 def case_signature(case: Case) -> Signature | PagedSignature:
-    if case.scope in PAGED_SCOPES:  # (q, k_pages, v_pages, kv_lengths, page_indices), pools rows-first
-        q, k_pages, v_pages, lengths, table = case.abstract_args
-        return PagedSignature.of_call(q, k_pages, v_pages, kv_lengths=lengths, page_indices=table, causal=case.causal,
-                                      scale=case.shape["head_dim"] ** -0.5, window_size=case.window)
+    if case.scope in BY_SCOPE:
+        return timed_contracts.case_signature(case)
     q, k, v = case.abstract_args[:3]
     return Signature(tuple(q.shape), tuple(k.shape), tuple(v.shape), str(np.dtype(q.dtype)), case.causal,
                      case.padded, case.shape["head_dim"] ** -0.5)
@@ -223,17 +231,19 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
     from tqdm.auto import tqdm
 
     by_group: dict[tuple, list[str]] = {}
-    for case in bench.cases:  # a paged case's peers: the implementations at its model, page size and context
-        group = ((submitted_case_id(_Recorded(case)),) if case["scope"] in PAGED_SCOPES
+    for case in bench.cases:  # a paged or ragged case's peers: the implementations at its shape
+        group = ((submitted_case_id(_Recorded(case)),) if case["scope"] in BY_SCOPE
                  else (case["scope"], case["seq_len"], case["shape"]["num_q_heads"]))
         by_group.setdefault(group, []).append(case["case_id"])
     for case in tqdm(templates, desc="submitted", unit="case", disable=not progress):
         backward = case.scope == "model-fwd-bwd"
-        paged = case.scope in PAGED_SCOPES
+        own = BY_SCOPE.get(case.scope)  # a contract's own scope: forward only, judged by its row check
         sig = case_signature(case)
         exported = programs[sig.key]
-        if paged:
-            fn = exported.call
+        scales = timed_contracts.scale_args(case)
+        if own:
+            def fn(*args, exported=exported, scales=scales):
+                return exported.call(*args, *scales)
         elif backward:
             def fn(q, k, v, d_out, exported=exported):
                 return jax.vjp(exported.call, q, k, v)[1](d_out)
@@ -252,8 +262,8 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
             timing = time_program(fn, case.abstract_args, _fresh_inputs(case, entropy), warmups=warmups,
                                   preflight=lambda compiled, case_id=case_id: fits_device(compiled, case_id),
                                   samples=samples, entropy=entropy, key=case_id,
-                                  check=lambda i, host, out: (check_paged_output if paged else partial(
-                                      check_output, backward=backward))(sig, host, out,
+                                  check=lambda i, host, out: (own.check if own else partial(
+                                      check_output, backward=backward))(sig, [*host, *scales], out,
                                                                         rng=check_rng(entropy, case_id, i)))
             record.update(samples_ms=timing.samples_ms, lower_ms=timing.lower_ms, compile_ms=timing.compile_ms,
                           transfer_ms=timing.transfer_ms, output_checks=timing.output_checks)
@@ -266,7 +276,7 @@ def time_submission(bench: BenchmarkResult, templates: list[Case], programs: dic
         finally:
             announce("", 0)
         bench.cases.append(record)
-        for other in by_group.get((case_id,) if paged else (case.scope, case.seq_len, case.shape["num_q_heads"]), []):
+        for other in by_group.get((case_id,) if own else (case.scope, case.seq_len, case.shape["num_q_heads"]), []):
             ratio, low, high = (stats.ratio_of_medians(record["samples_ms"], _by_id(bench, other)["samples_ms"],
                                                        seed=seed, key=f"{case_id}/{other}")
                                 if record["status"] == "ok" and _by_id(bench, other)["status"] == "ok"
@@ -289,21 +299,23 @@ def _by_id(bench: BenchmarkResult, case_id: str) -> dict[str, Any]:
 def _template_record(case: Case) -> dict[str, Any]:
     return {"case_id": case.case_id, "scope": case.scope, "implementation": case.implementation,
             "seq_len": case.seq_len, "shape": dict(case.shape), "dtype": case.dtype, "causal": case.causal,
-            "padded": case.padded, **(case.mask_fields() if case.scope in PAGED_SCOPES else {}), "devices_used": 1, "status": "ok", "error": None, "interpret": False,
+            "padded": case.padded, **(case.mask_fields() if case.scope in BY_SCOPE else {}), "devices_used": 1, "status": "ok", "error": None, "interpret": False,
             "transfer_ms": None, "lower_ms": None, "compile_ms": None, "samples_ms": [],
             **stats.summarize([]), "peak_memory_bytes": None, "flops": case.flops, "bytes_moved": case.bytes_moved,
             **roofline.rates(None, None, None, "", 1), "stablehlo": None, "stablehlo_tpu": None}
 
 
 def templates_for(profile: Profile, scopes: list[str], seed: int, platform: str) -> list[Case]:
-    """One case per shape of ``scopes`` (the first implementation's), the shape a submission is timed at."""
+    """One case per shape of ``scopes`` (the first implementation's; a contract's own scope: its first template's),
+    the shape a submission is timed at."""
     from ..bench.cases import build_cases
 
     cases, _ = build_cases(profile, scopes, seed=seed, platform=platform)
+    templates = {name: i for timed in TIMED.values() for i, name in enumerate(timed.templates)}
     seen, out = set(), []
-    for case in cases:
-        if case.scope in PAGED_SCOPES:  # the XLA reference's pools are laid out as the contract's
-            if case.implementation != PAGED_TEMPLATE:
+    for case in sorted(cases, key=lambda c: templates.get(c.implementation, 0)):  # (a stable sort)
+        if case.scope in BY_SCOPE:  # a template's pools are laid out as the contract's
+            if case.implementation not in BY_SCOPE[case.scope].templates:
                 continue
             key = (submitted_case_id(case),)
         else:
@@ -319,7 +331,7 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
             ) -> tuple[dict[str, Any], list[Case], dict[str, Any], dict[str, str], list[Signature]]:
     """Signatures, export and checks: ``(submission entry, templates, programs by key, sha256 by key,
     grading signatures)``; the programs' bytes are written under ``folder``. Raises ``ProgramRefused``.
-    ``contract``: ``"paged"`` for a paged kernel (timed at the paged cases its declared features allow)."""
+    ``contract``: ``"paged"`` or ``"ragged"`` (timed at that contract's cases its declared features allow)."""
     from ..sandbox import isolation as isolations
     from ..grading.candidates import is_builtin, resolve
 
@@ -328,8 +340,7 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
 
     def wanted_for(features: tuple[str, ...]) -> list:  # once the worker says what it declares
         features = tuple(f for f in features if f in contracts.get(contract).features)
-        if contract == PAGED:
-            templates[:] = [c for c in templates if c.window is None or "window" in features]
+        templates[:] = [c for c in templates if set(features_used([c.mask_fields()])) <= set(features)]
         asked["grading"] = grading_signatures(seed, level, features, contract)
         asked["wanted"] = list(dict.fromkeys([*asked["grading"], *(case_signature(c) for c in templates)]))
         return asked["wanted"]
@@ -340,10 +351,9 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
         raise ProgramRefused(str(e)) from None
     features, raw = export_declared(spec, wanted_for, platform=platform, isolation=where, root=candidate_dir)
     features = tuple(f for f in features if f in contracts.get(contract).features)
-    if contract == PAGED:
-        if not templates:
-            raise ProgramRefused(f"profile {profile.name!r} has no paged-decode case the kernel's features "
-                                 f"({', '.join(features) or 'none'}) allow")
+    if not templates:
+        raise ProgramRefused(f"profile {profile.name!r} has no {'/'.join(bench_scopes(profile, contract))} case "
+                             f"the kernel's features ({', '.join(features) or 'none'}) allow")
     grading, wanted = asked["grading"], asked["wanted"]
     bench_sigs = {case_signature(c).key: c for c in templates}
     programs, digests, entries = {}, {}, {}
@@ -406,10 +416,11 @@ def grade_timed_shapes(card: dict[str, Any], templates: list[Case], programs: di
         sig = case_signature(case)
         exported = programs[sig.key]
         case_id = submitted_case_id(case)
-        if case.scope in PAGED_SCOPES:  # forward only, as the paged contract
-            host = _fresh_inputs(case, entropy)(-100)
+        if case.scope in BY_SCOPE:  # forward only, as the paged and ragged contracts
+            host = [*_fresh_inputs(case, entropy)(-100), *timed_contracts.scale_args(case)]
             try:
-                ok, detail = check_paged_output(sig, host, exported.call(*host), rng=check_rng(entropy, case_id, GRADE_CALL))
+                ok, detail = BY_SCOPE[case.scope].check(sig, host, exported.call(*host),
+                                                        rng=check_rng(entropy, case_id, GRADE_CALL))
             except Exception as error:  # noqa: BLE001 - the program's failure is the check's verdict
                 ok, detail = False, f"raised {type(error).__name__}: {error}"[:300]
             passed &= ok
