@@ -12,7 +12,9 @@ features existed, is the base contract). Kernels graded on different feature set
 contests: each feature set gets its own table (base first, then by the contract's feature order), so
 no kernel is ranked against one graded on more or less. A kernel graded on the paged contract (the
 ``contract`` column: ``paged``, scope ``paged-decode``) is a contest apart from every dense one: its
-tables come after them, with ratios to the paged XLA reference and to the project's paged kernel.
+tables come after them, with ratios to the paged XLA reference and to the project's paged kernel; a ragged
+one (``ragged``, scope ``ragged``: one serving step) likewise, against the ragged XLA reference and kernel,
+its shape naming the page size and the cache's dtype.
 """
 
 from __future__ import annotations
@@ -26,6 +28,10 @@ from ..records.rawio import scorecard_features
 from .markdown import Markdown, code, text
 
 SUBMITTED = "submitted"
+# a contract with scopes of its own: (its baselines, its shape's extra fields, its function), by contract name
+OWN_SCOPES = {"paged": (("paged-xla", "paged-pallas"), ("page_size",), "paged_attention"),
+              "ragged": (("ragged-xla", "ragged-pallas"), ("page_size", "kv_dtype"), "ragged_paged_attention")}
+SHAPE_WORDS = {"page_size": "page size", "kv_dtype": "cache"}
 NONE_YET = "No submitted kernel is recorded yet (`tpu-kernel-records measure --candidate FILE.py:fn --name NAME`).\n"
 
 
@@ -59,12 +65,12 @@ def graded_on(features: tuple[str, ...], contract: str = "attention") -> str:
 Contest = tuple[str, tuple[str, ...]]  # (contract, features)
 
 
-def _contest(contest: Contest) -> tuple[int, int, tuple[int, ...]]:
-    """Contests in table order: the dense contract before the paged one; within each the base contract
-    first, then fewer features first, in the contract's order."""
+def _contest(contest: Contest) -> tuple[bool, str, int, tuple[int, ...]]:
+    """Contests in table order: the dense contract, then the paged one, then the ragged one; within each the base
+    contract first, then fewer features first, in the contract's order."""
     contract, features = contest
     order = scorecard_features()
-    return (contract != "attention", len(features),
+    return (contract != "attention", contract, len(features),
             tuple(order.index(f) if f in order else len(order) for f in features))
 
 
@@ -87,10 +93,10 @@ def leaderboard(benchmark: pa.Table, correctness: pa.Table) -> str:
         mine = [r for r in rows if r["interpret"] == interpret]
         for contest in sorted({contests.get(r["record_id"], ("attention", ())) for r in mine}, key=_contest):
             contract, features = contest
-            paged = contract == "paged"
-            baselines = ("paged-xla", "paged-pallas") if paged else ("xla", "flash")
+            baselines, extra, function = OWN_SCOPES.get(contract, (("xla", "flash"), (), None))
             header = ["Device", "Scope", "Shape (batch, seq, q/kv heads, head_dim, dtype"
-                      + (", page size)" if paged else ")"), "Kernel", "Graded on", "Verdict", "Median ms [95% CI]",
+                      + "".join(f", {SHAPE_WORDS[f]}" for f in extra) + ")", "Kernel", "Graded on", "Verdict",
+                      "Median ms [95% CI]",
                       *(f"vs {b} [95% CI]" for b in baselines), "Record"]
             table = []
             for r in (r for r in mine if contests.get(r["record_id"], ("attention", ())) == contest):
@@ -99,7 +105,7 @@ def leaderboard(benchmark: pa.Table, correctness: pa.Table) -> str:
                 ci = "" if low is None else f" [{low:.4g}, {high:.4g}]"
                 table.append([r["device_kind"], r["scope"],
                               f"{r['batch']}, {r['seq_len']}, {r['num_q_heads']}/{r['num_kv_heads']}, "
-                              f"{r['head_dim']}, {r['dtype']}" + (f", {r.get('page_size')}" if paged else ""),
+                              f"{r['head_dim']}, {r['dtype']}" + "".join(f", {r.get(f)}" for f in extra),
                               code(name), graded_on(features, contract),
                               "passed" if verdicts.get((r["record_id"], name)) else "failed",
                               f"{r['median_ms']:.4g}{ci}", *(_ratio(r["pairs"], b) for b in baselines),
@@ -108,8 +114,8 @@ def leaderboard(benchmark: pa.Table, correctness: pa.Table) -> str:
                      else "**On the device**")
             what = ("the base contract only" if not features else
                     f"the base contract plus {', '.join(map(text, features))} (a contest of its own)")
-            if paged:
-                what = f"the paged contract (`paged_attention`, a contest of its own): {what}"
+            if function:
+                what = f"the {contract} contract (`{function}`, a contest of its own): {what}"
             out.append(f"{where}; graded on {what}.\n\n")
             out.append("| " + " | ".join(header) + " |\n|" + "---|" * len(header) + "\n"
                        + "".join("| " + " | ".join(c if isinstance(c, Markdown) else text(c) for c in row) + " |\n"

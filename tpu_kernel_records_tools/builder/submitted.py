@@ -7,7 +7,8 @@ samples), a submitted run is a record only if:
   bytes have that sha256 (a program replaced after the run, manifest and all, is refused);
 * ``graded-programs``: the scorecard names the programs it graded, all of them listed for grading;
 * ``graded-features``: the scorecard was graded on exactly the features the submission declared, and on
-  its contract (``graded-contract``: a paged submission's scorecard is the paged rubric's);
+  its contract (``graded-contract``: a paged submission's scorecard is the paged rubric's, a ragged one's the
+  ragged rubric's);
 * ``graded-level``: under a TPU or GPU profile the scorecard is the rubric's full level (``--level
   quick`` is for trying a submission on a CPU, whose rows are labelled apart as not kernel speed);
 * ``timed-not-graded``: every timed case's program is one of the graded programs (the same bytes) and
@@ -20,7 +21,8 @@ samples), a submitted run is a record only if:
 * ``roofline-floor``: no timed median (the recorded one, nor its samples') below the least time the
   case's FLOPs and bytes allow on the device (recomputed here, with the recorded floor);
 * ``missing-case`` / ``unexpected-case`` / ``derived``: one timed case per shape of the profile's
-  flash and model scopes, its work equal to the baselines' at that shape, its statistics and pairs
+  flash and model scopes (a paged or ragged kernel: its contract's scope, less the cases that use a window or
+  a quantized cache it does not declare), its work equal to the baselines' at that shape, its statistics and pairs
   following from the samples; ``unexpected-pair``: every pair naming a timed case is that case over one
   of its baselines (its ratio then checked); the baselines (XLA and the flash kernel) meet the
   ``measured`` rules.
@@ -36,7 +38,7 @@ from ..bench import roofline, stats
 from ..bench.submitted import checked_samples, roofline_floor_ms
 from ..grading import contracts
 from ..grading.programs import program_path
-from ..records.rawio import RunError
+from ..records.rawio import RunError, scorecard_features
 
 from .recompute import check_measured
 
@@ -108,12 +110,18 @@ def timed_signature(case: dict[str, Any]) -> dict[str, Any]:
     """The call a timed case makes (``grading.export.Signature.to_dict``), from its record: what
     ``measure.submission.case_signature`` exports for it."""
     s = case["shape"]
-    if case.get("page_size") is not None:  # a paged-decode case: grading.export.PagedSignature
-        d = {"contract": "paged", "q": [s["batch"], s["q_len"], s["num_q_heads"], s["head_dim"]],
+    if case.get("page_size") is not None:  # a paged-decode or ragged case: PagedSignature, RaggedSignature
+        ragged = case.get("num_seqs") is not None  # q [num_tokens, heads, head_dim]: every sequence's rows
+        d = {"contract": "ragged" if ragged else "paged",
+             "q": [*([] if ragged else [s["batch"]]), s["q_len"], s["num_q_heads"], s["head_dim"]],
              "pool": [case["pool_pages"], case["page_size"], s["num_kv_heads"], s["head_dim"]],
              "table": [s["batch"], case["pages"]], "dtype": case["dtype"], "causal": case["causal"],
              "scale": s["head_dim"] ** -0.5}
-        return {**d, "window": list(case["window"])} if case.get("window") is not None else d
+        if case.get("window") is not None:
+            d["window"] = list(case["window"])
+        if case.get("quantized_kv"):
+            d["pool_dtype"] = case["kv_dtype"]
+        return d
     kv = [s["batch"], s["kv_len"], s["num_kv_heads"], s["head_dim"]]
     return {"q": [s["batch"], s["q_len"], s["num_q_heads"], s["head_dim"]], "k": kv, "v": kv, "dtype": case["dtype"],
             "causal": case["causal"], "has_lengths": case["padded"], "scale": s["head_dim"] ** -0.5}
@@ -187,9 +195,9 @@ def check_submitted(run: dict[str, Any], read_file: Callable[[str], bytes] | Non
                       f"{case[field]!r}, but the baselines at its shape have {peers[0][field]!r}")
         _check_timed(i, case, programs, graded, env["device_kind"], run["correctness"]["submission"]["check_entropy"])
     declared = run["correctness"]["submission"].get("features", [])
-    missing = sorted(set(groups) - {c["case_id"] for c in timed.values()} - {  # a window the kernel lacks
+    missing = sorted(set(groups) - {c["case_id"] for c in timed.values()} - {  # a window, a quantized cache it lacks
         g for g, peers in groups.items() if peers[0].get("page_size") is not None
-        and peers[0].get("window") is not None and "window" not in declared})
+        and not {f for f in scorecard_features() if peers[0].get(f) not in (None, False)} <= set(declared)})
     if missing:
         _fail("missing-case", "benchmark.json", "cases", f"no submitted case {missing[0]!r}")
     by_id = {c["case_id"]: c for c in bench["cases"]}

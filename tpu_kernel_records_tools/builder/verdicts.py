@@ -43,7 +43,7 @@ def graded_candidate(implementation: str, correctness: dict[str, Any]) -> tuple[
 
 
 def features_used(cases: Sequence[dict[str, Any]]) -> list[str]:
-    """The contract's features (window, soft-cap, segments, sinks) that any of the benchmark ``cases`` uses,
+    """The contract features (window, soft-cap, segments, sinks, quantized_kv) that any of the benchmark ``cases`` uses,
     in the contract's order."""
     return [f for f in scorecard_features() if any(case.get(f) not in (None, False) for case in cases)]
 
