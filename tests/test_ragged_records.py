@@ -140,8 +140,8 @@ def test_measure_on_the_cpu_profiles_ragged_cases_builds_verifies_and_loads(tmp_
     assert verify(ws / "data", ws / "dataset_card.md") == []
     import datasets
 
-    loaded = datasets.load_dataset(str(ws / "tpu_kernel_records.py"), "benchmark", data_dir=str(ws / "data"),
-                                   trust_remote_code=True, split="train")
-    rows = [r for r in loaded if r["record_id"] == record]
-    assert {(r["kv_dtype"], r["quantized_kv"], r["num_seqs"], r["q_rows"]) for r in rows} == {
+    loaded = datasets.load_dataset("parquet", data_files=str(ws / "data" / "benchmark" / f"{record}.parquet"),
+                                   split="train", cache_dir=str(tmp_path / "hf-cache"))
+    assert loaded.features == datasets.Features.from_arrow_schema(FEATURES["benchmark"])
+    assert {(r["kv_dtype"], r["quantized_kv"], r["num_seqs"], r["q_rows"]) for r in loaded} == {
         ("bfloat16", False, 4, 34), ("float8_e4m3fn", True, 4, 34)}
