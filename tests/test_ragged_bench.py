@@ -163,9 +163,9 @@ def test_a_case_carries_its_step_and_its_work():
 def test_every_implementation_gets_the_same_values_jax_its_pool_interleaved():
     from tpu_kernel_records_tools.bench import ragged_cases
 
-    cases, _ = _ragged("tpu-v5e", "tpu")
-    qwen = [c for c in cases if c.model == "qwen2.5-7b" and c.page_size == 16 and c.kv_dtype == "float8_e4m3fn"]
-    inputs = {c.implementation: c.make_inputs() for c in qwen}
+    cases, _ = _ragged("cpu", "tpu")  # the tiny step as a TPU would time it
+    fp8 = [c for c in cases if c.kv_dtype == "float8_e4m3fn"]
+    inputs = {c.implementation: c.make_inputs() for c in fp8}
     ours, xla, jax_kv = inputs["ragged-pallas"], inputs["ragged-xla"], inputs["jax-ragged"]
     for a, b in zip(ours, xla):
         assert a.dtype == b.dtype and (a.view(np.uint8) == b.view(np.uint8)).all()
