@@ -3,22 +3,32 @@ with the kernel's declared features only, the timed calls' outputs judged row by
 by the contract's rule), graded on the ragged rubric in its sandbox, timed at the cpu profile's ``ragged`` cases
 and shown in the ragged leaderboard table; a wrong one graded failing and given no timed row."""
 import dataclasses
+import shutil
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
 import pyarrow as pa
 import pytest
 
+from doc_blocks import REPO, SHELL, blocks, shell_commands
+from kernel_src.contract import RAGGED_FEATURES
 from kernel_src.reference import reference_paged_attention, reference_ragged_paged_attention
-from tpu_kernel_records_tools.builder import leaderboard
+from tpu_kernel_records_tools.builder import leaderboard, rules
 from tpu_kernel_records_tools.grading import contracts
 from tpu_kernel_records_tools.grading.check_context import CheckSpec
+from tpu_kernel_records_tools.grading.export import ProgramRefused
 from tpu_kernel_records_tools.grading.paged.signature import PagedSignature
 from tpu_kernel_records_tools.grading.ragged import big_pool
 from tpu_kernel_records_tools.grading.ragged import checks as ragged_checks
 from tpu_kernel_records_tools.grading.ragged.signature import RaggedSignature
 from tpu_kernel_records_tools.measure import submission, timed_checks
+from tpu_kernel_records_tools.measure.run import run_submitted
+from tpu_kernel_records_tools.records import rawio
+from tpu_kernel_records_tools.sandbox import isolation
 
+HERE = Path(__file__).parent / "submitted"
+needs_bwrap = pytest.mark.skipif(isolation.unavailable_reason() is not None, reason="bubblewrap cannot run here")
 Q_LENS, KV_LENS = (1, 0, 5, 7, 1), (9, 4, 21, 7, 30)  # a decode row, an empty sequence, a chunk, a prompt, a decode
 PAGE, HEADS, KV_HEADS, DIM, PADDING = 4, 4, 2, 16, 3
 
@@ -164,3 +174,75 @@ def test_the_leaderboard_gives_ragged_kernels_their_own_table_and_baselines():
     assert "| vs ragged-xla [95% CI] | vs ragged-pallas [95% CI] |" in ragged
     assert "| 4, 64, 4/2, 128, bfloat16, 16, float8\\_e4m3fn | `r1` | ragged: base + quantized\\_kv |" in ragged
     assert "| 2.00x | 3.00x |" in ragged
+
+
+def measure(tmp: Path, file: str, name: str, function: str = "ragged_paged_attention", ragged: bool = True,
+            candidate_dir: Path = HERE) -> Path:
+    return run_submitted(f"{candidate_dir / file}:{function}", name, tmp / name, profile="cpu", level="quick",
+                         warmups=0, samples=3, progress=False, candidate_dir=candidate_dir,
+                         contract="ragged" if ragged else "attention")
+
+
+def accept(run_dir: Path):
+    return rules.accept(rawio.read_run(run_dir), allow_interpret=True, read_file=rules.run_files(run_dir))
+
+
+@pytest.mark.slow  # about 55 CPU-s: the example's export in bubblewrap, its quick grade with every feature, 2 steps
+@needs_bwrap
+def test_the_documented_ragged_submission_becomes_a_ragged_leaderboard_row(tmp_path, monkeypatch, capsys):
+    from tpu_kernel_records_tools.builder.build import build
+    from tpu_kernel_records_tools.cli.main import main
+    import pyarrow.parquet as pq
+
+    [documented] = [argv for b in blocks(SHELL) for argv in shell_commands(b)
+                    if argv[:2] == ["tpu-kernel-records", "measure"] and "--ragged" in argv]
+    run_dir = tmp_path / "my-ragged"
+    monkeypatch.chdir(REPO)
+    assert main([*documented[1:-1], str(run_dir)]) == 0 and documented[-2] == "--out"
+    acc = accept(run_dir)
+    card = acc.run["correctness"]["scorecards"][0]
+    assert card["passed"] and card["contract"] == "ragged" and card["features"] == list(RAGGED_FEATURES)
+    assert {c["name"] for c in card["checks"]} >= {"ragged-accuracy", "ragged-quantized_kv", "timed-shapes"}
+    assert acc.run["correctness"]["submission"]["contract"] == "ragged"
+    timed = [c for c in acc.run["benchmark"]["cases"] if c["implementation"] == "submitted"]
+    assert {c["scope"] for c in timed} == {"ragged"} and {c["kv_dtype"] for c in timed} == {"bfloat16", "float8_e4m3fn"}
+    assert all(c["output_checks"] and all(x["passed"] for x in c["output_checks"]) for c in timed)
+    data, card_path = tmp_path / "data", tmp_path / "card.md"
+    shutil.copy(REPO / "dataset_card.md", card_path)
+    build([run_dir], data_dir=data, card_path=card_path, allow_interpret=True)
+    rows = [r for r in pq.read_table(data / "benchmark").to_pylist() if r["implementation"] == "submitted"]
+    assert len(rows) == 2 and all(r["scope"] == "ragged" and r["interpret"] for r in rows)
+    text = card_path.read_text()
+    assert "`my-ragged`" in text and "ragged: base + window + softcap + sinks + quantized\\_kv" in text
+    assert "the ragged contract (`ragged_paged_attention`" in text and "vs ragged-pallas" in text
+
+
+@pytest.mark.slow  # about 40 CPU-s: its export, its quick grade on the base contract, one step
+@needs_bwrap
+def test_a_ragged_kernel_leaking_a_padding_row_is_graded_failing_and_gets_no_row(tmp_path):
+    from tpu_kernel_records_tools.builder.build import BuildError, build
+
+    kernel = tmp_path / "kernel"
+    kernel.mkdir()
+    shutil.copy(REPO / "examples" / "ragged_kernel.py", kernel)
+    shutil.copy(HERE / "ragged_padding_leak.py", kernel)
+    run_dir = measure(tmp_path, "ragged_padding_leak.py", "ragged-padding-leak", candidate_dir=kernel)
+    run = rawio.read_run(run_dir)
+    card = run["correctness"]["scorecards"][0]
+    assert not card["passed"] and not next(c for c in card["checks"] if c["name"] == "ragged-garbage")["passed"]
+    timed = [c for c in run["benchmark"]["cases"] if c["implementation"] == "submitted"]
+    assert [c["kv_dtype"] for c in timed] == ["bfloat16"]  # no quantized_kv declared: no float8 step
+    with pytest.raises(rawio.RunError, match=r"\[correctness\]") as refused:
+        accept(run_dir)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(BuildError):
+        build([run_dir], data_dir=tmp_path / "data", card_path=tmp_path / "card.md", allow_interpret=True)
+    assert not (tmp_path / "data" / "benchmark").exists()
+
+
+@pytest.mark.slow  # about 6 s: the ragged cases built, the exporter's worker started in bubblewrap
+@needs_bwrap
+def test_a_dense_kernel_given_ragged_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ProgramRefused, match="takes no cu_q_lens") as refused:
+        measure(tmp_path, "pure_jax.py", "other-contract", "attention")
+    assert "\n" not in str(refused.value)
