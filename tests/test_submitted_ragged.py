@@ -246,3 +246,20 @@ def test_a_dense_kernel_given_ragged_is_refused_in_one_line(tmp_path):
     with pytest.raises(ProgramRefused, match="takes no cu_q_lens") as refused:
         measure(tmp_path, "pure_jax.py", "other-contract", "attention")
     assert "\n" not in str(refused.value)
+
+
+@pytest.mark.parametrize("contract", ["paged", "ragged"])
+def test_the_builders_timed_call_is_the_one_measure_exports_at_each_profiles_own_cases(contract):
+    from tpu_kernel_records_tools.bench.cases import PROFILES
+    from tpu_kernel_records_tools.builder.submitted import timed_signature
+
+    checked = set()
+    for profile in PROFILES.values():
+        for platform in ("cpu", "tpu", "gpu"):
+            for case in submission.templates_for(profile, submission.bench_scopes(profile, contract), 0, platform):
+                exported = submission.case_signature(case).to_dict()
+                assert timed_signature(submission._template_record(case)) == exported, case.case_id
+                checked |= {(case.implementation, exported.get("pool_dtype"))}
+    if contract == "ragged":  # the XLA reference's steps and, where it does not fit, the kernel's; both caches
+        assert checked >= {("ragged-xla", None), ("ragged-xla", "float8_e4m3fn"), ("ragged-pallas", None),
+                           ("ragged-triton", "float8_e4m3fn")}

@@ -82,7 +82,7 @@ class _Recorder:
     """The checks' runner (``grading.calls.Calls``) that calls the contract's reference in this process and
     notes each call's signature (the contract's ``signature_type``)."""
 
-    def __init__(self, contract: Contract, features: tuple[str, ...]):
+    def __init__(self, contract: Contract, features: tuple[str, ...] = ()):
         self.fn, self.signature_type = contract.reference(), contract.signature_type
         self.features = features  # the ragged checks call a kernel only with the features it declares
         self.signatures: list = []
