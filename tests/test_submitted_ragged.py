@@ -187,7 +187,7 @@ def accept(run_dir: Path):
     return rules.accept(rawio.read_run(run_dir), allow_interpret=True, read_file=rules.run_files(run_dir))
 
 
-@pytest.mark.slow  # about 55 CPU-s: the example's export in bubblewrap, its quick grade with every feature, 2 steps
+@pytest.mark.slow  # with the next test about 115 CPU-s: the example's export, its quick grade (every feature), 2 steps
 @needs_bwrap
 def test_the_documented_ragged_submission_becomes_a_ragged_leaderboard_row(tmp_path, monkeypatch, capsys):
     from tpu_kernel_records_tools.builder.build import build
@@ -217,7 +217,7 @@ def test_the_documented_ragged_submission_becomes_a_ragged_leaderboard_row(tmp_p
     assert "the ragged contract (`ragged_paged_attention`" in text and "vs ragged-pallas" in text
 
 
-@pytest.mark.slow  # about 40 CPU-s: its export, its quick grade on the base contract, one step
+@pytest.mark.slow  # its export in bubblewrap, its quick grade on the base contract, one step
 @needs_bwrap
 def test_a_ragged_kernel_leaking_a_padding_row_is_graded_failing_and_gets_no_row(tmp_path):
     from tpu_kernel_records_tools.builder.build import BuildError, build
