@@ -40,10 +40,10 @@ def test_program_dispatch_matches_the_function_and_its_gradient(tmp_path):
     (tmp_path / program_path(sha256(data))).write_bytes(data)
     program = ProgramAttention(str(tmp_path), {SIG.key: sha256(data)}, "cpu")
     q, k, v, lengths = _inputs()
-    want = pure_jax.attention(q, k, v, causal=True, kv_lengths=lengths)
+    want = jax.jit(pure_jax.attention, static_argnames="causal")(q, k, v, causal=True, kv_lengths=lengths)
     np.testing.assert_array_equal(np.asarray(program(q, k, v, causal=True, kv_lengths=lengths)), np.asarray(want))
-    grad = jax.grad(lambda q: program(q, k, v, causal=True, kv_lengths=lengths).sum())(q)
-    grad_want = jax.grad(lambda q: pure_jax.attention(q, k, v, causal=True, kv_lengths=lengths).sum())(q)
+    grad = jax.jit(jax.grad(lambda q: program(q, k, v, causal=True, kv_lengths=lengths).sum()))(q)
+    grad_want = jax.jit(jax.grad(lambda q: pure_jax.attention(q, k, v, causal=True, kv_lengths=lengths).sum()))(q)
     np.testing.assert_allclose(np.asarray(grad), np.asarray(grad_want), rtol=1e-6, atol=1e-6)
     with pytest.raises(ProgramRefused, match="no exported program"):
         program(q, k, v, causal=False, kv_lengths=lengths)  # a signature the export did not cover
@@ -206,10 +206,12 @@ def test_a_feature_call_is_exported_and_dispatched_with_its_arguments(tmp_path):
     (tmp_path / program_path(sha256(data))).write_bytes(data)
     program = ProgramAttention(str(tmp_path), {sig.key: sha256(data)}, "cpu", ("window", "softcap", "segments", "sinks"))
     got = program(q, k, v, causal=True, kv_lengths=lengths, sinks=sinks, **kw)
-    want = reference_attention(q, k, v, causal=True, kv_lengths=lengths, sinks=sinks, **kw)
+    # jitted: op by op, the reference and its gradient compile a program per operation
+    want = jax.jit(lambda: reference_attention(q, k, v, causal=True, kv_lengths=lengths, sinks=sinks, **kw))()
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-6, atol=1e-6)
-    dsinks = jax.grad(lambda s: program(q, k, v, causal=True, kv_lengths=lengths, sinks=s, **kw).sum())(sinks)
-    dsinks_want = jax.grad(lambda s: reference_attention(q, k, v, causal=True, kv_lengths=lengths, sinks=s, **kw).sum())(sinks)
+    dsinks = jax.jit(jax.grad(lambda s: program(q, k, v, causal=True, kv_lengths=lengths, sinks=s, **kw).sum()))(sinks)
+    dsinks_want = jax.jit(jax.grad(
+        lambda s: reference_attention(q, k, v, causal=True, kv_lengths=lengths, sinks=s, **kw).sum()))(sinks)
     np.testing.assert_allclose(np.asarray(dsinks), np.asarray(dsinks_want), rtol=1e-5, atol=1e-6)
     import pickle
     assert pickle.loads(pickle.dumps(program)).features == program.features
