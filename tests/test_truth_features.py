@@ -85,12 +85,15 @@ def _independent_vjp(q, k, v, ct, kw):
     sinks = kw.pop("sinks", None)
     with x64():
         args = [jnp.asarray(x, jnp.float64) for x in (q, k, v, ct)]
-        if sinks is None:
-            out, pull = jax.vjp(lambda a, b_, c: _independent(a, b_, c, None, **kw), *args[:3])
-            return tuple(np.asarray(x) for x in (out, *pull(args[3])))
-        s = jnp.asarray(sinks, jnp.float64)
-        out, pull = jax.vjp(lambda a, b_, c, e: _independent(a, b_, c, e, **kw), *args[:3], s)
-        return tuple(np.asarray(x) for x in (out, *pull(args[3])))
+        if sinks is not None:
+            args.append(jnp.asarray(sinks, jnp.float64))
+
+        @jax.jit  # one program (op by op, each operation would compile one)
+        def vjp(q, k, v, ct, *s):
+            out, pull = jax.vjp(lambda *x: _independent(*x[:3], x[3] if s else None, **kw), q, k, v, *s)
+            return (out, *pull(ct))
+
+        return tuple(np.asarray(x) for x in vjp(*args))
 
 
 def _truth(q, k, v, ct=None, **kw):
