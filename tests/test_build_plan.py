@@ -142,7 +142,8 @@ def test_the_committed_plan_doc_is_its_json_rendered_and_states_the_least_traffi
     doc = plan.read_plan(testing.REPO / "data" / plan.PLAN_FILE)
     made = {key: doc[key] for key in ("jax", "libtpu", "date")}
     assert (testing.REPO / plan.PLAN_DOC).read_text() == render_markdown(
-        doc["rows"], "tpu-v5e", doc["command"], made, paged_rows=doc.get("paged_rows") or [])
+        doc["rows"], "tpu-v5e", doc["command"], made, paged_rows=doc.get("paged_rows") or [],
+        ragged_rows=doc.get("ragged_rows") or [])
     for row in doc["rows"]:  # no schedule goes below its bound
         assert row["flash_over_best_peer"] >= least_over_best_peer(row) * (1 - 1e-9), row
     [mha] = [r for r in doc["rows"] if r["scope"] == "model-fwd" and r["seq"] == 2048

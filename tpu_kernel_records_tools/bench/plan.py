@@ -67,6 +67,7 @@ import jax.numpy as jnp
 from ..bench import compiled, peers, pipeline, roofline
 from ..bench.cases import MASK_SCOPES, MODEL_SCOPES, get_profile, kv_lengths_for
 from ..bench.plan_paged import PAGED_GOALS, paged_dma_bytes  # noqa: F401 (named in the plan's notes as bench.plan.paged_dma_bytes)
+from ..bench.plan_ragged import ragged_markdown
 
 LABEL = ("Predicted by the TPU compiler, not measured: programs compiled for a TPU v5e by libtpu "
          "on a machine without a TPU (nothing ran).")
@@ -431,9 +432,10 @@ def _num(value, scale: float, digits: int) -> str:
 
 
 def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str,
-                    made: dict[str, str] | None = None, paged_rows: list[dict[str, Any]] = ()) -> str:
+                    made: dict[str, str] | None = None, paged_rows: list[dict[str, Any]] = (),
+                    ragged_rows: list[dict[str, Any]] = ()) -> str:
     """The plan as a Markdown document: label, provenance, the table, and how to read it; then the
-    windowed rows' and the paged rows' sections.
+    windowed rows', the paged rows' and the ragged rows' (``bench.plan_ragged``) sections.
 
     ``made``: the ``jax``, ``libtpu`` and ``date`` the rows were compiled with (a plan JSON's),
     by default this process's and today."""
@@ -508,7 +510,8 @@ def render_markdown(rows: list[dict[str, Any]], profile_name: str, command: str,
               "Where it is above a target ratio, no schedule meets that target.",
               "- *flash / XLA*: ratio of the two floors; below 1 the compiler's plan favours "
               "flash. Measured rows from a TPU record replace this table.", ""]
-    return "\n".join(lines + window_markdown(windowed) + paged_markdown(list(paged_rows)))
+    return "\n".join(lines + window_markdown(windowed) + paged_markdown(list(paged_rows))
+                     + ragged_markdown(list(ragged_rows), LABEL))
 
 
 def _verdict(row: dict[str, Any]) -> str:

@@ -18,7 +18,9 @@ its ratios to splash-512, to that least and to every operand once, and its goals
 (``bench.plan.WINDOW_GOALS``) must follow. Paged rows (``paged_rows``, absent in plans from before them)
 must be the profile's paged plan shapes with their cases' batch, heads and cache; their least bytes (the
 case's useful bytes), each kernel's page copies (``bench.plan_paged.paged_dma_bytes`` over the case's lengths),
-traffic, ratios and goals' verdicts (``bench.plan_paged.PAGED_GOALS``) must follow. The FLOPs and bytes themselves are the compiler's
+traffic, ratios and goals' verdicts (``bench.plan_paged.PAGED_GOALS``) must follow. Ragged rows (``ragged_rows``, absent
+in plans from before them) must be the profile's ragged plan steps, and what follows from them must
+(``bench.plan_ragged.ragged_row_problem``). The FLOPs and bytes themselves are the compiler's
 statements; nothing re-derives them without compiling again.
 """
 
@@ -36,6 +38,7 @@ from ..bench.plan import (LABEL, MODES, TILE_KEYS, WINDOW_GOALS, Shape, least_ov
                           plan_shapes, visible_block_least, window_goals, window_markdown, window_ratios)
 from ..bench.plan_paged import (PAGED_KERNELS, PagedShape, paged_dma_bytes, paged_goals, paged_least_bytes,
                                 paged_plan_shapes, paged_ratios)
+from ..bench.plan_ragged import ragged_markdown, ragged_row_problem
 from ..records.rawio import JSON_ERRORS, RunError
 from .markdown import code, text
 
@@ -122,6 +125,17 @@ def check_plan(doc: Any) -> None:
             if not _close(row.get(key), value):
                 raise _refuse(f"{where}/{key}", f"{row.get(key)!r}, but it follows as {value!r}")
     _check_paged_rows(doc.get("paged_rows"))
+    _check_ragged_rows(doc.get("ragged_rows"))
+
+
+def _check_ragged_rows(rows: Any) -> None:
+    """The ragged rows (absent: a plan from before them), each refused at its first problem."""
+    if rows is not None and not isinstance(rows, list):
+        raise _refuse("ragged_rows", "not a list")
+    for i, row in enumerate(rows or ()):
+        problem = ragged_row_problem(row)
+        if problem is not None:
+            raise _refuse("/".join(filter(None, ("ragged_rows", str(i), problem[0]))), problem[1])
 
 
 PAGED_NUMBERS = ("vmem_bytes", "outside_bytes", "declared_bytes", "declared_flops", "pipeline_bytes", "dma_bytes",
@@ -358,6 +372,9 @@ def section(data_dir: Path) -> str:
     paged = doc.get("paged_rows") or []
     if paged:
         lines += [""] + ["#" + line if line.startswith("## ") else line for line in paged_markdown(paged, text)]
+    ragged = doc.get("ragged_rows") or []
+    if ragged:
+        lines += [""] + ["#" + line if line.startswith("## ") else line for line in ragged_markdown(ragged, LABEL, text)]
     missing = missing_shapes(doc)
     have = {(r["model"], r["seq"], r["page_size"]) for r in paged}
     missing_paged = [s for s in paged_plan_shapes() if tuple(s) not in have]

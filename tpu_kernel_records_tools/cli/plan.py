@@ -5,7 +5,9 @@ flash: the peers) for a TPU v5e on this machine (libtpu, no TPU) at each shape o
 the bytes each kernel's Pallas pipeline moves (``bench.pipeline``) and writes the compiler's
 predictions, labelled as such; then the windowed rows (flash with a model's sliding window against
 splash attention's ``LocalMask``, with the goal's ratios and verdicts: ``bench.plan.window_row``) and the
-paged rows (the paged decode kernel against JAX's ``paged_attention``: ``bench.plan_paged.paged_row``).
+paged rows (the paged decode kernel against JAX's ``paged_attention``: ``bench.plan_paged.paged_row``) and
+the ragged rows (the ragged kernel against JAX's ``ragged_paged_attention`` over a serving step:
+``bench.plan_ragged.ragged_row``).
 
 ``--scopes`` compiles only some of the row groups and ``--merge PLAN_JSON`` keeps the other groups'
 rows from an existing plan (compiled with the same jax and libtpu): a full plan takes most of an hour
@@ -40,7 +42,9 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
                     "visible blocks need, and whether the goal (at most 0.6 and 1.2) is met; then the paged "
                     "rows: the paged decode kernel against JAX's paged_attention at the paged-decode "
                     "benchmark's Llama-3-8B shapes, their traffic over the least bytes (goal <= 1.1) and over "
-                    "JAX's (goal <= 1). Predicted by the compiler, not measured.")
+                    "JAX's (goal <= 1); then the ragged rows: the ragged kernel against JAX's "
+                    "ragged_paged_attention over the ragged scope's serving steps, their traffic over the least "
+                    "bytes (goal <= 1.1) and over JAX's (goal < 1). Predicted by the compiler, not measured.")
     p.add_argument("--profile", default="tpu-v5e",
                    help="benchmark profile (default tpu-v5e); h100: the GPU kernels compiled for an H100 and an "
                         "A100 instead (needs the gpu-plan extra; the other options but --out and --json are unused)")
@@ -60,7 +64,7 @@ def register(subparsers: "argparse._SubParsersAction") -> None:
     p.set_defaults(func=_plan)
 
 
-GROUPS = ("flash", "model-fwd", "model-fwd-bwd", "masks-fwd", "masks-fwd-bwd", "paged-decode")
+GROUPS = ("flash", "model-fwd", "model-fwd-bwd", "masks-fwd", "masks-fwd-bwd", "paged-decode", "ragged")
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -79,7 +83,7 @@ def _plan(args: argparse.Namespace) -> int:
     from .plan_gpu import GPU_PROFILES, gpu_plan
     if args.profile in GPU_PROFILES:
         return gpu_plan(args, _write_atomic, _emit)
-    from ..bench import plan, plan_paged
+    from ..bench import plan, plan_paged, plan_ragged
     from ..builder.plan import check_plan
 
     scopes = list(dict.fromkeys(args.scopes or GROUPS))
@@ -108,27 +112,35 @@ def _plan(args: argparse.Namespace) -> int:
             print(f"plan: {args.merge} was compiled with jax {old.get('jax')}, libtpu {old.get('libtpu')}; this is "
                   f"jax {made['jax']}, libtpu {made['libtpu']}: regenerate every row instead", file=sys.stderr)
             return 1
-        # the steps that made the kept rows, without an earlier run of these scopes (their rows are replaced)
+        # the steps that made the kept rows; this run takes the place of an earlier run of these scopes (its
+        # rows are replaced), or comes last
         again = f" --scopes {' '.join(scopes)}"
-        steps = [step for step in (old.get("command") or "").split("; then ")
-                 if step and not (again in step and step.split(again)[1][:1] in ("", " "))]
-        command = "; then ".join(steps + [command])
+        steps = [step for step in (old.get("command") or "").split("; then ") if step]
+        rerun = [i for i, step in enumerate(steps) if again in step and step.split(again)[1][:1] in ("", " ")]
+        at = rerun[0] if rerun else len(steps)
+        command = "; then ".join([s for i, s in enumerate(steps[:at]) if i not in rerun] + [command]
+                                 + [s for i, s in enumerate(steps) if i > at and i not in rerun])
     progress = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
-    wanted = [s for s in scopes if s != "paged-decode"]
+    wanted = [s for s in scopes if s not in ("paged-decode", "ragged")]
     rows = [] if not wanted else plan.plan_rows(args.profile, args.seq, args.modes, progress=progress,
                                                  scopes=wanted)
     paged = (plan_paged.paged_rows(args.profile, args.seq, progress=progress) if "paged-decode" in scopes
              else None)
+    ragged = plan_ragged.ragged_rows(args.profile, progress=progress) if "ragged" in scopes else None
     if old is not None:
         kept = [r for r in old["rows"] if r.get("scope", "flash") not in scopes]
         rows = kept + rows
         if paged is None:
             paged = old.get("paged_rows")
-    text = plan.render_markdown(rows, args.profile, command, made, paged_rows=paged or [])
+        if ragged is None:
+            ragged = old.get("ragged_rows")
+    text = plan.render_markdown(rows, args.profile, command, made, paged_rows=paged or [], ragged_rows=ragged or [])
     if args.json:
         doc = dict(label=plan.LABEL, command=command, **made, rows=rows)  # for the card (builder.plan)
         if paged:
             doc["paged_rows"] = paged
+        if ragged:
+            doc["ragged_rows"] = ragged
         check_plan(doc)
         _write_atomic(args.json, json.dumps(doc, indent=1) + "\n")
     return _emit(args.out, text)

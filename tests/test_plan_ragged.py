@@ -1,0 +1,125 @@
+"""The static v5e plan's ragged rows: the ragged kernel against JAX's ``ragged_paged_attention`` over the ragged
+scope's serving steps (compiler predictions, pipeline and DMA models). Cheap: the committed plan JSON and its
+rendered document are read, never recompiled; the DMA models are checked against a tiny step whose page copies
+are counted by hand; the goals' verdicts at their bounds; a hand-edited ragged row is refused."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+
+import release_fixtures as testing
+from tpu_kernel_records_tools.bench.plan_ragged import (RAGGED_GOALS, RAGGED_KERNELS, jax_block_visits,
+                                                        ragged_dma_bytes, ragged_goals, ragged_plan_steps)
+from tpu_kernel_records_tools.builder import plan
+from tpu_kernel_records_tools.records.rawio import RunError
+
+# A decode row at position 6 of 7 keys, then a whole prompt of 5 rows; pages of 2 keys, one kv head of one number.
+Q_LENS, KV_LENS = (1, 5), (7, 5)
+
+
+def test_the_ragged_kernels_copies_counted_page_by_page():
+    """block_q 2: the decode row's item reads pages 0-3 (keys 0-6); the prompt's items, rows at positions 0-1,
+    2-3 and 4, read pages 0, 0-1 and 0-2 (each up to its last row): 4 + 6 pages of 2 keys, K and V, 1 byte."""
+    assert ragged_dma_bytes("ragged-pallas", Q_LENS, KV_LENS, 2, 1, 1, 1, block_q=2) == 2 * (4 + 6) * 2
+    assert ragged_dma_bytes("ragged-pallas", Q_LENS, KV_LENS, 2, 1, 1, 1, block_q=8) == 2 * (4 + 3) * 2
+    assert ragged_dma_bytes("ragged-pallas", Q_LENS, KV_LENS, 2, 3, 4, 2, block_q=2) == 2 * (4 + 6) * 2 * 3 * 4 * 2
+
+
+def test_jaxs_copies_counted_block_by_block():
+    """Six token rows in q blocks of 4: block 0 visits the decode sequence (7 keys: 2 kv blocks of 4) and the
+    prompt (5 keys: 2), block 1 the prompt again (2): 6 kv blocks of 2 pages of 2 keys, K and V, 1 byte."""
+    assert jax_block_visits(Q_LENS, KV_LENS, 4, 4) == [2, 4]
+    assert ragged_dma_bytes("jax-ragged", Q_LENS, KV_LENS, 2, 1, 1, 1, num_queries_per_block=4,
+                            num_kv_pages_per_block=2) == 2 * 6 * 2 * 2
+    # one q block holding both: each sequence walked once
+    assert jax_block_visits(Q_LENS, KV_LENS, 8, 4) == [2, 2]
+    # a sequence ending exactly at a block's end is not visited by the next block
+    assert jax_block_visits((4, 4), (9, 4), 4, 4) == [3, 1]
+    with pytest.raises(ValueError, match="no DMA model"):
+        ragged_dma_bytes("ragged-triton", Q_LENS, KV_LENS, 2, 1, 1, 1)
+
+
+@pytest.mark.parametrize("least,jax_,met", [(1.1, 0.999, {"ragged_over_least": True, "ragged_over_jax": True}),
+                                            (1.1001, 0.5, {"ragged_over_least": False, "ragged_over_jax": True}),
+                                            (0.9, 1.0, {"ragged_over_least": True, "ragged_over_jax": False}),
+                                            (None, 0.5, {"ragged_over_least": None, "ragged_over_jax": True})])
+def test_the_goals_at_their_bounds(least, jax_, met):
+    assert ragged_goals(dict(ragged_over_least=least, ragged_over_jax=jax_)) == met
+    assert [bound for _, bound, _, _ in RAGGED_GOALS] == [1.1, 1.0]
+
+
+def _committed() -> dict:
+    return plan.read_plan(testing.REPO / "data" / plan.PLAN_FILE)
+
+
+def test_the_committed_ragged_rows_cover_the_steps_labelled_and_rendered():
+    doc = _committed()
+    rows = doc["ragged_rows"]
+    steps = ragged_plan_steps("tpu-v5e")
+    assert len(steps) == 8 and {s.model for s in steps} == {"llama-3-8b", "qwen2.5-7b"}
+    assert [(r["model"], r["page_size"], r["kv_dtype"]) for r in rows] == [(s.model, s.page_size, s.kv_dtype)
+                                                                           for s in steps]
+    for r in rows:
+        ours, theirs = (r["kernels"][k] for k in RAGGED_KERNELS)
+        assert ours["traffic_bytes"] == ours["pipeline_bytes"] + ours["dma_bytes"] + ours["outside_bytes"]
+        assert r["ragged_over_least"] == pytest.approx(ours["traffic_bytes"] / r["least_bytes"], rel=1e-12)
+        assert r["ragged_over_jax"] == pytest.approx(ours["traffic_bytes"] / theirs["traffic_bytes"], rel=1e-12)
+        assert ours["vmem_bytes"] > 0 and theirs["vmem_bytes"] > 0 and ours["kernels"] == theirs["kernels"] == 1
+    document = (testing.REPO / plan.PLAN_DOC).read_text()
+    section = document.split("## Ragged rows")[1]
+    assert plan.LABEL in section and "(issue 54), stated as predictions" in section
+    for r in rows:
+        assert f"| {r['model']} | {r['page_size']} | {r['kv_dtype']} |" in section
+
+
+@pytest.mark.parametrize("path,value", [
+    (("least_bytes",), 1.0),  # the least bytes follow from the step
+    (("kernels", "ragged-pallas", "dma_bytes"), 1),  # the DMA model's bytes
+    (("kernels", "jax-ragged", "num_kv_pages_per_block"), 7),  # not what JAX's table picks for a v5e
+    (("kernels", "ragged-pallas", "block_q"), 7),  # not the kernel's TPU default
+    (("kernels", "jax-ragged", "traffic_bytes"), 1.0),
+    (("ragged_over_jax",), 0.5),
+    (("goals_met", "ragged_over_least"), "flipped"),
+    (("kv_lens",), [1, 2]),  # no step of the profile
+    (("kernels", "ragged-pallas", "vmem_bytes"), -1),
+])
+def test_a_hand_edited_ragged_row_is_refused(path, value):
+    doc = copy.deepcopy(_committed())
+    target = doc["ragged_rows"][0]
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = (not target[path[-1]]) if value == "flipped" else value
+    with pytest.raises(RunError, match=r"\[plan\].*ragged_rows/0"):
+        plan.check_plan(doc)
+
+
+def test_merging_the_ragged_rows_into_the_committed_plan_reproduces_it(tmp_path, monkeypatch):
+    """``plan --scopes ragged --merge`` with the ragged rows the committed plan holds (compiling stubbed): the
+    other rows kept as they are, the same JSON and document; rerun, the step keeps its place in the command."""
+    import datetime
+    import json
+
+    from tpu_kernel_records_tools.bench import compiled, plan_ragged
+    from tpu_kernel_records_tools.bench import plan as bench_plan
+    from tpu_kernel_records_tools.cli import main as commands
+
+    doc = json.loads((testing.REPO / "data" / plan.PLAN_FILE).read_text())
+    if (doc["jax"], doc["libtpu"]) != (bench_plan.jax.__version__, compiled.libtpu_version()):
+        pytest.skip(f"the committed plan was compiled with jax {doc['jax']}, libtpu {doc['libtpu']}")
+    monkeypatch.setattr(plan_ragged, "ragged_rows", lambda *a, **k: copy.deepcopy(doc["ragged_rows"]))
+
+    class Today(datetime.date):  # the day the committed plan was made
+        @classmethod
+        def today(cls):
+            return datetime.date.fromisoformat(doc["date"])
+    monkeypatch.setattr(bench_plan.datetime, "date", Today)
+    monkeypatch.chdir(testing.REPO)  # the committed command names the plan it merged by this relative path
+    out = tmp_path / "PLAN_V5E.md"
+    assert commands.main(["plan", "--profile", "tpu-v5e", "--scopes", "ragged", "--merge", f"data/{plan.PLAN_FILE}",
+                          "--json", str(tmp_path / "plan.json"), "--out", str(out)]) == 0
+    assert plan.plan_bytes(json.loads((tmp_path / "plan.json").read_text())) == (
+        testing.REPO / "data" / plan.PLAN_FILE).read_bytes()
+    assert out.read_text() == (testing.REPO / plan.PLAN_DOC).read_text()
+    assert doc["command"].count("--scopes ragged") == 1

@@ -1,0 +1,345 @@
+"""The static v5e plan's ragged rows: the ragged kernel against JAX's ``ragged_paged_attention``.
+
+For a serving step (``RaggedStep``: each sequence's new rows and keys, the page size, heads, dtypes),
+each kernel's page copies modelled from its DMA schedule (``ragged_dma_bytes``), the compiled
+programs' traffic (``ragged_traffic``: BlockSpec operands, the modelled copies and XLA's ops outside
+the kernel), the least bytes (``bench.roofline.ragged_work``) and the goals' ratios (``RAGGED_GOALS``).
+Predicted from the compiler's plan and these models, not measured.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable, NamedTuple
+
+import numpy as np
+
+from ..bench import compiled, pipeline
+from ..bench.profiles import get_profile
+from ..bench.ragged_profiles import QUANTIZED_SCALES
+from ..bench.roofline import ragged_work
+
+# The ragged rows' goals (issue 54): (row key, at most, label, what it is over); checked on the models.
+RAGGED_GOALS = (("ragged_over_least", 1.1, "ragged / least",
+                 "the least bytes: each visible key's K and V once, q, out"),
+                ("ragged_over_jax", 1.0, "ragged / JAX ragged_paged_attention",
+                 "JAX ragged_paged_attention's traffic"))
+RAGGED_KERNELS = ("ragged-pallas", "jax-ragged")  # the project's ragged kernel, then its peer
+JAX_DEVICE = "TPU v5"  # the name JAX's block-size table files a v5e under (``get_device_name``)
+# JAX's kernel may use a v5e's whole VMEM: its tuned blocks of 64 pages of 128 keys need more than ours asks (64 MiB)
+JAX_VMEM_LIMIT = 128 * 2 ** 20
+
+
+class RaggedStep(NamedTuple):
+    """One serving step at one model's shape: sequence ``i`` has ``q_lens[i]`` new rows, the last of
+    its ``kv_lens[i]`` keys; ``num_tokens`` rows of q (padded), ``max_seqs`` table rows of
+    ``pages_per_sequence`` pages of ``page_size`` keys; q in ``dtype``, the cache in ``kv_dtype``."""
+
+    model: str
+    q_lens: tuple[int, ...]
+    kv_lens: tuple[int, ...]
+    page_size: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: str
+    kv_dtype: str
+    num_tokens: int
+    max_seqs: int
+    pages_per_sequence: int
+
+
+def ragged_plan_steps(profile_name: str = "tpu-v5e") -> list[RaggedStep]:
+    """The ragged rows' steps: every page size and cache dtype of the profile's ``RaggedModel`` s with
+    ``plan``, each table as long as the longest sequence's pages."""
+    profile = get_profile(profile_name)
+    steps = []
+    for m in profile.ragged:
+        q_lens, kv_lens = m.mix()
+        for page_size, kv_dtype in (m.variants() if m.plan else ()):
+            steps.append(RaggedStep(m.name, tuple(map(int, q_lens)), tuple(map(int, kv_lens)), page_size,
+                                    m.num_q_heads, m.num_kv_heads, m.head_dim, profile.dtype, kv_dtype,
+                                    m.num_tokens, m.num_seqs, m.page_table(page_size)[0].shape[1]))
+    return steps
+
+
+def _item_pages(q_len: int, length: int, block_q: int, page_size: int) -> int:
+    """Pages the ragged kernel copies for one sequence (causal, no window): one work item per
+    ``block_q`` rows (``kernel_src.ragged.plan.schedule``), each copying every page holding a key
+    below its last row's position + 1 (``key_range``), once, whole."""
+    first = length - q_len
+    return sum(-(-min(length, first + min(q_len, j0 + block_q)) // page_size)
+               for j0 in range(0, q_len, block_q))
+
+
+def jax_block_visits(q_lens, kv_lens, num_queries_per_block: int, num_kv_per_block: int) -> list[int]:
+    """Per sequence, the kv blocks JAX's ``ragged_paged_attention_kernel`` walks for it: its loop
+    over q blocks of ``num_queries_per_block`` token rows, each visiting from the carried sequence on
+    while the sequence's rows reach into the block, each visit walking blocks ``0, 1, ...`` of
+    ``num_kv_per_block`` keys while the block starts below the sequence's kv length (no causal or
+    window skipping)."""
+    cu = np.concatenate([[0], np.cumsum(q_lens)]).astype(int)
+    num_seqs, visits, seq = len(q_lens), [0] * len(q_lens), 0
+    for block_start in range(0, int(cu[-1]), num_queries_per_block):
+        block_end, done = block_start + num_queries_per_block, False
+        while not done and seq < num_seqs:
+            visits[seq] += -(-int(kv_lens[seq]) // num_kv_per_block)
+            done = cu[seq + 1] >= block_end
+            seq = seq + 1 if cu[seq + 1] <= block_end else seq
+    return visits
+
+
+def ragged_dma_bytes(kernel: str, q_lens, kv_lens, page_size: int, num_kv_heads: int, head_dim: int,
+                     itemsize: int, block_q: int = 16, num_queries_per_block: int = 32,
+                     num_kv_pages_per_block: int = 128) -> int:
+    """K and V bytes a ragged kernel's hand-written DMAs copy over one causal step (no window):
+    ``ragged-pallas`` per work item of ``block_q`` rows every page its rows can see, once, whole (all
+    kv heads; ``kernel_src.ragged.tpu``); ``jax-ragged`` per kv block it walks (``jax_block_visits``)
+    ``num_kv_pages_per_block`` whole pages (pages past the length copy the sequence's first page
+    again: ``MultiPageAsyncCopyDescriptor``), K and V together. ``itemsize``: the cache's."""
+    if kernel == "ragged-pallas":
+        pages = sum(_item_pages(int(n), int(k), block_q, page_size) for n, k in zip(q_lens, kv_lens))
+    elif kernel == "jax-ragged":
+        keys = num_kv_pages_per_block * page_size
+        pages = num_kv_pages_per_block * sum(jax_block_visits(q_lens, kv_lens, num_queries_per_block, keys))
+    else:
+        raise ValueError(f"no DMA model of {kernel!r}; choose from {RAGGED_KERNELS}")
+    return 2 * pages * page_size * num_kv_heads * head_dim * itemsize
+
+
+def jax_block_sizes(step: RaggedStep) -> tuple[int, int]:
+    """``(num_kv_pages_per_block, num_queries_per_block)`` that JAX's ``ragged_paged_attention`` picks
+    for ``step`` on a v5e (its ``get_tuned_block_sizes`` with the v5e's device name; it asks a device
+    for that name, so the plan names it)."""
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel, tuned_block_sizes as tuned
+
+    q_heads, combined = kernel.get_min_heads_per_blk(step.num_q_heads, 2 * step.num_kv_heads, step.dtype,
+                                                     step.kv_dtype)
+    key = tuned.simplify_key((step.dtype, step.kv_dtype, q_heads, combined // 2, step.head_dim,
+                              step.page_size, step.num_tokens, step.pages_per_sequence))
+    pages, queries = tuned.TUNED_BLOCK_SIZES.get(JAX_DEVICE, {}).get(key, (128, 32))
+    return min(step.pages_per_sequence, pages), min(step.num_tokens, queries)
+
+
+def step_arrays(step: RaggedStep) -> dict[str, np.ndarray]:
+    """The step's scalar operands: int32 ``kv_lengths [max_seqs]``, ``page_indices [max_seqs,
+    pages_per_sequence]`` (sequence ``i`` owns pages ``i * pages_per_sequence + t``), ``cu_q_lens
+    [max_seqs + 1]``, ``num_seqs [1]``."""
+    n, s, pps = len(step.q_lens), step.max_seqs, step.pages_per_sequence
+    lengths = np.zeros(s, np.int32)
+    lengths[:n] = step.kv_lens
+    cu = np.full(s + 1, sum(step.q_lens), np.int32)
+    cu[:n + 1] = np.concatenate([[0], np.cumsum(step.q_lens)])
+    table = np.arange(s * pps, dtype=np.int32).reshape(s, pps)
+    return dict(kv_lengths=lengths, page_indices=table, cu_q_lens=cu, num_seqs=np.array([n], np.int32))
+
+
+def _scales(step: RaggedStep) -> dict[str, float]:
+    return {} if step.kv_dtype == step.dtype else dict(zip(("k_scale", "v_scale"), QUANTIZED_SCALES))
+
+
+def _programs(step: RaggedStep):
+    """``{kernel: (fn, abstract args)}``: each kernel's call over the step, ``fn(q, pools...,
+    kv_lengths, page_indices, cu_q_lens, num_seqs)``; JAX's on its own pool, K and V interleaved
+    along the heads ``[pages, page_size, 2 * kv heads, head_dim]``."""
+    import jax
+    from jax.experimental.pallas.ops.tpu.ragged_paged_attention import ragged_paged_attention
+
+    from kernel_src.ragged import ragged_paged_attention_tpu
+
+    pages = step.max_seqs * step.pages_per_sequence
+    q = jax.ShapeDtypeStruct((step.num_tokens, step.num_q_heads, step.head_dim), step.dtype)
+    pool = jax.ShapeDtypeStruct((pages, step.page_size, step.num_kv_heads, step.head_dim), step.kv_dtype)
+    both = jax.ShapeDtypeStruct((pages, step.page_size, 2 * step.num_kv_heads, step.head_dim), step.kv_dtype)
+    scalars = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in step_arrays(step).values()]
+    kv_pages, queries = jax_block_sizes(step)
+
+    def ours(q, k, v, lengths, table, cu, num_seqs):
+        return ragged_paged_attention_tpu(q, k, v, kv_lengths=lengths, page_indices=table, cu_q_lens=cu,
+                                          num_seqs=num_seqs, **_scales(step))
+
+    theirs = functools.partial(ragged_paged_attention, sm_scale=step.head_dim ** -0.5,
+                               num_kv_pages_per_block=kv_pages, num_queries_per_block=queries,
+                               vmem_limit_bytes=JAX_VMEM_LIMIT, **_scales(step))
+    return {"ragged-pallas": (ours, [q, pool, pool, *scalars]), "jax-ragged": (theirs, [q, both, *scalars])}
+
+
+def ragged_traffic(step: RaggedStep, kernel: str, fn, abstract_args) -> dict[str, Any]:
+    """One kernel's step program compiled for v5e and modelled: ``vmem_bytes``, ``outside_bytes``,
+    ``declared_bytes``, ``pipeline_bytes`` (BlockSpec operands, ``bench.pipeline``), ``dma_bytes``
+    (``ragged_dma_bytes``) and ``traffic_bytes`` (their sum with the bytes outside)."""
+    from kernel_src.ragged import RaggedBlockSizes
+
+    import jax
+
+    # JAX's kernel lowers ``lax.sign`` by the default device's TPU generation: make it the v5e's
+    with jax.default_device(compiled.v5e_devices()[0]):
+        facts = compiled.analyse(compiled.compile_program(fn, compiled.on_v5e(abstract_args)))
+    scalars = step_arrays(step)
+    first = len(abstract_args) - len(scalars)
+    records = pipeline.kernel_traffic(fn, abstract_args, known={first + i: v for i, v in enumerate(scalars.values())})
+    kv_pages, queries = jax_block_sizes(step)
+    block_q = min(RaggedBlockSizes.for_platform("tpu").block_q, step.num_tokens)
+    dma = ragged_dma_bytes(kernel, step.q_lens, step.kv_lens, step.page_size, step.num_kv_heads, step.head_dim,
+                           np.dtype(step.kv_dtype).itemsize, block_q, queries, kv_pages)
+    piped = pipeline.total_bytes(records)
+    declared = [k["declared_bytes"] for k in facts["kernels"]]
+    blocks = dict(block_q=block_q) if kernel == "ragged-pallas" else dict(
+        num_queries_per_block=queries, num_kv_pages_per_block=kv_pages)
+    return dict(kernels=len(facts["kernels"]), vmem_bytes=facts["vmem_bytes"], outside_bytes=facts["outside_bytes"],
+                declared_bytes=None if None in declared else sum(declared), pipeline_bytes=piped, dma_bytes=dma,
+                traffic_bytes=None if piped is None else piped + dma + facts["outside_bytes"], **blocks)
+
+
+def ragged_least_bytes(step: RaggedStep) -> float:
+    """The least bytes of a step (``bench.roofline.ragged_work``)."""
+    return ragged_work(np.array(step.q_lens), np.array(step.kv_lens), step.num_q_heads, step.num_kv_heads,
+                       step.head_dim, np.dtype(step.kv_dtype).itemsize, np.dtype(step.dtype).itemsize)[1]
+
+
+def ragged_ratios(row: dict[str, Any]) -> dict[str, float | None]:
+    """A ragged row's ``ragged_over_least`` and ``ragged_over_jax`` (``None`` without both bytes)."""
+    kernels = row.get("kernels") or {}
+    ours = kernels.get("ragged-pallas", {}).get("traffic_bytes")
+    theirs = kernels.get("jax-ragged", {}).get("traffic_bytes")
+    least = row.get("least_bytes")
+    return dict(ragged_over_least=None if ours is None or not least else ours / least,
+                ragged_over_jax=None if ours is None or not theirs else ours / theirs)
+
+
+def ragged_goals(row: dict[str, Any]) -> dict[str, bool | None]:
+    """Whether each ``RAGGED_GOALS`` ratio of a ragged row is met (``None``: no ratio); ours must be
+    strictly below JAX's."""
+    return {key: None if row.get(key) is None else (row[key] <= bound if key.endswith("least") else row[key] < bound)
+            for key, bound, _, _ in RAGGED_GOALS}
+
+
+def ragged_row(step: RaggedStep) -> dict[str, Any]:
+    """A ragged row: both kernels' step programs compiled for v5e and modelled, the least bytes,
+    the ratios and goals."""
+    row = dict(scope="ragged", **step._asdict(), least_bytes=ragged_least_bytes(step),
+               kernels={name: ragged_traffic(step, name, *program) for name, program in _programs(step).items()})
+    row["q_lens"], row["kv_lens"] = list(step.q_lens), list(step.kv_lens)
+    row.update(ragged_ratios(row))
+    row["goals_met"] = ragged_goals(row)
+    return row
+
+
+def ragged_rows(profile_name: str = "tpu-v5e", progress: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
+    """Rows for every step of ``ragged_plan_steps``."""
+    reason = compiled.unavailable_reason()
+    if reason is not None:
+        raise ValueError(f"cannot compile for TPU v5e here: {reason}")
+    rows = []
+    for step in ragged_plan_steps(profile_name):
+        if progress:
+            progress(f"compiling ragged {step.model} page size {step.page_size} cache {step.kv_dtype}")
+        rows.append(ragged_row(step))
+    return rows
+
+
+def _verdict(row: dict[str, Any]) -> str:
+    met = row.get("goals_met") or {}
+    if any(met.get(key) is None for key, _, _, _ in RAGGED_GOALS):
+        return "not modelled"
+    missed = [f"{label} {row[key]:.3f}" for key, _, label, _ in RAGGED_GOALS if not met[key]]
+    return "met" if not missed else "**not met**: " + ", ".join(missed)
+
+
+def _mb(value) -> str:
+    return "undeclared" if value is None else f"{value / 1e6:,.1f}"
+
+
+def ragged_markdown(rows: list[dict[str, Any]], label: str, escape: Callable[[Any], str] = str) -> list[str]:
+    """The ragged rows' section of the plan (lines; none without rows): the table, each row's verdict on
+    ``RAGGED_GOALS``, and how to read it; ``label`` says it is a prediction."""
+    if not rows:
+        return []
+    goals = "; ".join(f"*{name}* {'at most' if key.endswith('least') else 'below'} {bound} (over {what})"
+                      for key, bound, name, what in RAGGED_GOALS)
+    met = sum(_verdict(r) == "met" for r in rows)
+    lines = [
+        "## Ragged rows: the ragged kernel against JAX's `ragged_paged_attention`", "",
+        f"**{label}** Page copies are modelled from each kernel's DMA schedule, the rest as above.", "",
+        f"The goals (issue 54), stated as predictions: {goals}. Verdict: met at {met} of {len(rows)} steps.", "",
+        "| model | page size | cache | sequences (decode / chunks / prompts) | rows | least (MB) "
+        "| ragged traffic (MB) | of it outside the kernel (MB) | ragged / least | JAX (MB) | ragged / JAX "
+        "| ragged VMEM (MiB) | JAX VMEM (MiB) | goal |",
+        "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for r in rows:
+        ours, theirs = r["kernels"]["ragged-pallas"], r["kernels"]["jax-ragged"]
+        kinds = [sum(q == 1 for q in r["q_lens"]),
+                 sum(1 < q < k for q, k in zip(r["q_lens"], r["kv_lens"])),
+                 sum(1 < q == k for q, k in zip(r["q_lens"], r["kv_lens"]))]
+        ratio = [("undeclared" if r.get(key) is None else f"{r[key]:.3f}") for key, _, _, _ in RAGGED_GOALS]
+        lines.append(
+            f"| {escape(r['model'])} | {r['page_size']} | {escape(r['kv_dtype'])} | {' / '.join(map(str, kinds))} "
+            f"| {sum(r['q_lens'])} | {_mb(r['least_bytes'])} | {_mb(ours.get('traffic_bytes'))} "
+            f"| {_mb(ours.get('outside_bytes'))} | {ratio[0]} | {_mb(theirs.get('traffic_bytes'))} | {ratio[1]} "
+            f"| {ours['vmem_bytes'] / 2 ** 20:.2f} | {theirs['vmem_bytes'] / 2 ** 20:.2f} | {_verdict(r)} |")
+    lines += ["", "How to read it:", "",
+              "- The steps are the profile's `RaggedModel` mixes (`bench.ragged_profiles`): decode rows, chunks of "
+              "a prefill and a whole prompt in one call, causal, bf16 queries, the cache in bf16 or float8_e4m3fn "
+              "(scaled); JAX's `ragged_paged_attention` gets the same cache with K and V interleaved along the heads "
+              "(its own layout), the block sizes its tuned table gives a v5e, and the scoped VMEM ours asks for.",
+              "- *least*: each key some row sees, its K and V read once, plus q and the output "
+              "(`bench.roofline.ragged_work`); no kernel can move less.",
+              "- *ragged traffic*, *JAX*: the page copies each kernel's DMA schedule makes "
+              "(`bench.plan_ragged.ragged_dma_bytes`: the ragged kernel, per work item of `block_q` rows of one "
+              "sequence, every page its rows can see, once; JAX's, per block of `num_queries_per_block` token rows "
+              "and sequence in it, every block of `num_kv_pages_per_block` pages from the first to the length, no "
+              "causal skipping), plus the BlockSpec operands the pipeline model counts, plus the bytes of the XLA "
+              "ops around the kernel (the ragged kernel's: gathering each item's rows into padded tiles and "
+              "scattering them back).",
+              "- *ragged / least* above 1 is a prompt's or chunk's pages read once per work item of `block_q` rows, "
+              "and the padded tiles' gather and scatter.", ""]
+    return lines
+
+
+_NUMBERS = ("vmem_bytes", "outside_bytes", "declared_bytes", "pipeline_bytes", "dma_bytes", "traffic_bytes")
+
+
+def _close(a, b) -> bool:
+    return a is None and b is None or a is not None and b is not None and abs(a - b) <= 1e-9 * max(abs(a), abs(b), 1)
+
+
+def ragged_row_problem(row: Any, profile_name: str = "tpu-v5e") -> tuple[str, str] | None:
+    """``(field, message)`` of the first thing wrong with a ragged plan row, or ``None``: it must be a step of
+    ``ragged_plan_steps``, and its least bytes, each kernel's block sizes, page copies (``ragged_dma_bytes``),
+    traffic, the ratios and the goals' verdicts must follow from it."""
+    if not isinstance(row, dict):
+        return "", "not an object"
+    step = RaggedStep(*(tuple(row.get(k) or ()) if k.endswith("_lens") else row.get(k) for k in RaggedStep._fields))
+    if step not in ragged_plan_steps(profile_name) or row.get("scope") != "ragged":
+        return "model", f"{step.model!r} at page size {step.page_size} ({step.kv_dtype}) is no ragged plan step"
+    if not _close(row.get("least_bytes"), ragged_least_bytes(step)):
+        return "least_bytes", f"{row.get('least_bytes')!r}, but the step's least bytes are {ragged_least_bytes(step)!r}"
+    kernels = row.get("kernels")
+    if not isinstance(kernels, dict) or set(kernels) != set(RAGGED_KERNELS):
+        return "kernels", f"must name exactly {RAGGED_KERNELS}"
+    kv_pages, queries = jax_block_sizes(step)
+    from kernel_src.ragged import RaggedBlockSizes
+
+    blocks = {"ragged-pallas": dict(block_q=min(RaggedBlockSizes.for_platform("tpu").block_q, step.num_tokens)),
+              "jax-ragged": dict(num_queries_per_block=queries, num_kv_pages_per_block=kv_pages)}
+    for name, k in kernels.items():
+        for key in _NUMBERS:
+            value = k.get(key)
+            if value is not None and not (type(value) in (int, float) and np.isfinite(value) and value >= 0):
+                return f"kernels/{name}/{key}", f"{value!r} is not a finite number >= 0"
+        if {key: k.get(key) for key in blocks[name]} != blocks[name]:
+            return f"kernels/{name}", f"block sizes {({key: k.get(key) for key in blocks[name]})!r}, not {blocks[name]!r}"
+        dma = ragged_dma_bytes(name, step.q_lens, step.kv_lens, step.page_size, step.num_kv_heads, step.head_dim,
+                               np.dtype(step.kv_dtype).itemsize, blocks["ragged-pallas"]["block_q"], queries, kv_pages)
+        if k.get("dma_bytes") != dma:
+            return f"kernels/{name}/dma_bytes", f"{k.get('dma_bytes')!r}, but its DMA schedule copies {dma!r}"
+        traffic = None if k.get("pipeline_bytes") is None else k["pipeline_bytes"] + dma + (k.get("outside_bytes") or 0)
+        if not _close(k.get("traffic_bytes"), traffic):
+            return f"kernels/{name}/traffic_bytes", f"{k.get('traffic_bytes')!r}, but it follows as {traffic!r}"
+    for key, value in ragged_ratios(row).items():
+        if not _close(row.get(key), value):
+            return key, f"{row.get(key)!r}, but it follows as {value!r}"
+    if row.get("goals_met") != ragged_goals(row):
+        return "goals_met", f"{row.get('goals_met')!r}, but the ratios give {ragged_goals(row)!r}"
+    return None
