@@ -377,6 +377,25 @@ def test_each_item_reads_only_the_keys_its_rows_see(causal, window, want):
     assert got == want
 
 
+def test_the_tiles_are_gathered_and_come_back_by_one_gather_each():
+    """A decode row, a 5-row prompt and a 4-row chunk in items of 3 rows, 3 query heads per kv head
+    and NaN padding rows: each item's tile holds its rows as ``paged.plan.to_rows`` lays them out
+    (zeros where no row of a sequence is), and the way back returns q's rows, zeros past them."""
+    from kernel_src.paged.plan import to_rows
+    from kernel_src.ragged.plan import RaggedPlan, gather_tiles, scatter_tiles, schedule
+
+    plan = RaggedPlan(num_tokens=12, max_seqs=4, num_q_heads=6, num_kv_heads=2, head_dim=4, page_size=2,
+                      pages_per_sequence=4, num_pages=16, causal=True, scale=1.0, interpret=True, block_q=3,
+                      rows_pad=16)
+    items = schedule(jnp.array([0, 1, 6, 10, 10]), jnp.array([3, 5, 8, 0]), jnp.array([3]), plan)
+    q = jnp.arange(12 * 6 * 4, dtype=jnp.float32).reshape(12, 6, 4).at[10:].set(jnp.nan)
+    rows = jnp.where(items.real[:, :, None, None], q[items.tokens], 0.0)
+    tiles = gather_tiles(q, items, plan)
+    np.testing.assert_array_equal(tiles, to_rows(rows, 2, 16))
+    assert not jnp.isnan(tiles).any() and int(items.real.sum()) == 10
+    np.testing.assert_array_equal(scatter_tiles(tiles, items, plan), q.at[10:].set(0.0))
+
+
 # --- slow: the ragged rubric (grading.ragged), graded in this process as test_ragged_grading does ---
 
 

@@ -2,8 +2,8 @@
 
 Both take the ragged contract's arguments (``kernel_src.contract``), check them, cut the batch
 into work items (``plan.schedule``), gather each item's rows as ``kernel_src.paged.plan.to_rows``
-tiles, run the family's kernel (interpret mode on CPU, the compiled kernel on its own platform,
-refused on the other) and scatter the rows back.
+tiles (``plan.gather_tiles``), run the family's kernel (interpret mode on CPU, the compiled kernel
+on its own platform, refused on the other) and gather the rows back (``plan.scatter_tiles``).
 """
 
 from __future__ import annotations
@@ -19,16 +19,16 @@ from kernel_src.contract import (RAGGED_FEATURES, Window, check_ragged_features,
                                  default_scale, supports)
 from kernel_src.flash.plan import next_power_of_two, vmem_limits
 from kernel_src.paged import tpu as paged_tpu
-from kernel_src.paged.plan import from_rows, tile_rows, to_rows
+from kernel_src.paged.plan import tile_rows
 from kernel_src.ragged import gpu, tpu
-from kernel_src.ragged.plan import RaggedBlockSizes, RaggedPlan, gather_rows, scatter_rows, schedule
+from kernel_src.ragged.plan import RaggedBlockSizes, RaggedPlan, gather_tiles, scatter_tiles, schedule
 
 
 @functools.partial(jax.jit, static_argnames=("plan", "family", "block_sizes", "vmem_limit"))
 def _ragged(q, k_pages, v_pages, kv_lengths, page_indices, cu_q_lens, num_seqs, scales, sinks, *,
             plan: RaggedPlan, family: str, block_sizes: RaggedBlockSizes, vmem_limit: int):
     items = schedule(cu_q_lens, kv_lengths, num_seqs, plan)
-    q_rows = to_rows(gather_rows(q, items), plan.num_kv_heads, plan.rows_pad)
+    q_rows = gather_tiles(q, items, plan)
     table = page_indices.astype(jnp.int32)
     sinks = None if sinks is None else sinks.astype(jnp.float32)
     if family == "mosaic":
@@ -41,7 +41,7 @@ def _ragged(q, k_pages, v_pages, kv_lengths, page_indices, cu_q_lens, num_seqs, 
     else:
         block_k = min(block_sizes.block_k, max(16, next_power_of_two(plan.max_len)))
         out = gpu.forward(q_rows, k_pages, v_pages, items, table, scales, sinks, plan, block_k)
-    return scatter_rows(from_rows(out, plan.block_q, plan.group), items, plan.num_tokens)
+    return scatter_tiles(out, items, plan)
 
 
 def _ragged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices, cu_q_lens,

@@ -11,9 +11,9 @@ the last real one have length 0 and compute nothing. Per item four int32 scalars
 Rows. An item's rows are gathered from ``q`` into a ``[block_q, num_q_heads, head_dim]`` block
 (rows of no sequence are zeros, so a NaN in a padding row of ``q`` is never read by a kernel),
 which is the paged kernels' ``[batch, q_len, hq, d]`` with ``batch = items`` and ``q_len =
-block_q``: ``kernel_src.paged.plan.to_rows`` lays it out as one tile of ``group * block_q`` rows
-per kv head, and the output goes back the same way and is scattered to the item's rows of the
-result (rows of no sequence come out zeros). Row ``i`` of an item sits at position
+block_q``, laid out as ``kernel_src.paged.plan.to_rows`` lays it (one tile of ``group * block_q``
+rows per kv head) by one gather (``gather_tiles``); the output comes back by one gather too
+(``scatter_tiles``; rows of no sequence come out zeros). Row ``i`` of an item sits at position
 ``kv_length - q_len + j0 + i``.
 
 Keys. The keys an item's rows may see are ``[start, end)`` (``key_range``): ``start`` is 0, or
@@ -139,18 +139,44 @@ def schedule(cu_q_lens, kv_lengths, num_seqs, plan: RaggedPlan) -> Items:
                  jnp.clip(starts[seq][:, None] + j, 0, t - 1), j < q_len[:, None])
 
 
-def gather_rows(q: jax.Array, items: Items) -> jax.Array:
-    """``q [num_tokens, hq, d]`` as the items' blocks ``[items, block_q, hq, d]``, zeros where no
-    row of a sequence is."""
-    return jnp.where(items.real[:, :, None, None], q[items.tokens], jnp.zeros((), q.dtype))
+def _tile_sources(items: Items, plan: RaggedPlan):
+    """``(flat, real)``, ``[items, hk, rows_pad]`` each: the row of ``q.reshape(-1, d)`` (token
+    times ``hq`` plus query head) each tile row reads, as ``kernel_src.paged.plan.to_rows`` lays
+    a tile out, and whether it is a row of a sequence."""
+    rows = jnp.arange(plan.rows_pad, dtype=jnp.int32)
+    g, i = row_index(rows, plan)
+    i = jnp.minimum(i, plan.block_q - 1)  # padded rows past the group's: any in-range row
+    heads = jnp.arange(plan.num_kv_heads, dtype=jnp.int32)[:, None] * plan.group + g
+    flat = items.tokens[:, None, i] * plan.num_q_heads + heads
+    real = items.real[:, None, i] & (rows < plan.rows)
+    return flat, jnp.broadcast_to(real, flat.shape)
 
 
-def scatter_rows(blocks: jax.Array, items: Items, num_tokens: int) -> jax.Array:
-    """The inverse of ``gather_rows``: ``[items, block_q, hq, d]`` to ``[num_tokens, hq, d]``,
-    zeros on rows of no sequence (each real row belongs to exactly one item)."""
-    rows = jnp.where(items.real, items.tokens, num_tokens).reshape(-1)
-    out = jnp.zeros((num_tokens, *blocks.shape[2:]), blocks.dtype)
-    return out.at[rows].set(blocks.reshape(-1, *blocks.shape[2:]), mode="drop")
+def gather_tiles(q: jax.Array, items: Items, plan: RaggedPlan) -> jax.Array:
+    """``q [num_tokens, hq, d]`` as the items' tiles ``[items, hk, rows_pad, d]`` (the paged
+    kernels' ``to_rows`` layout) in one gather; zeros where no row of a sequence is, so a NaN in
+    a padding row of ``q`` is never read by a kernel."""
+    flat, real = _tile_sources(items, plan)
+    rows = q.reshape(-1, q.shape[-1])[flat]
+    return jnp.where(real[..., None], rows, jnp.zeros((), q.dtype))
+
+
+def scatter_tiles(tiles: jax.Array, items: Items, plan: RaggedPlan) -> jax.Array:
+    """The inverse of ``gather_tiles`` in one gather: ``[items, hk, rows_pad, d]`` to
+    ``[num_tokens, hq, d]``, zeros on rows of no sequence (each real row belongs to exactly one
+    item and row of it)."""
+    t, bq = plan.num_tokens, plan.block_q
+    rows = jnp.where(items.real, items.tokens, t).reshape(-1)  # past the end: dropped
+    w = jnp.broadcast_to(jnp.arange(items.real.shape[0], dtype=jnp.int32)[:, None], items.real.shape)
+    item = jnp.zeros(t, jnp.int32).at[rows].set(w.reshape(-1), mode="drop")
+    i = jnp.zeros(t, jnp.int32).at[rows].set(jnp.tile(jnp.arange(bq, dtype=jnp.int32), w.shape[0]),
+                                             mode="drop")
+    real = jnp.zeros(t, bool).at[rows].set(True, mode="drop")
+    h = jnp.arange(plan.num_q_heads, dtype=jnp.int32)
+    tile_row = ((item[:, None] * plan.num_kv_heads + h // plan.group) * plan.rows_pad
+                + (h % plan.group) * bq + i[:, None])
+    out = tiles.reshape(-1, tiles.shape[-1])[tile_row]
+    return jnp.where(real[:, None, None], out, jnp.zeros((), tiles.dtype))
 
 
 def key_range(length, q_len, j0, plan: RaggedPlan):
