@@ -282,7 +282,8 @@ def ragged_markdown(rows: list[dict[str, Any]], label: str, escape: Callable[[An
               "- The steps are the profile's `RaggedModel` mixes (`bench.ragged_profiles`): decode rows, chunks of "
               "a prefill and a whole prompt in one call, causal, bf16 queries, the cache in bf16 or float8_e4m3fn "
               "(scaled); JAX's `ragged_paged_attention` gets the same cache with K and V interleaved along the heads "
-              "(its own layout), the block sizes its tuned table gives a v5e, and the scoped VMEM ours asks for.",
+              "(its own layout), the block sizes its tuned table gives a v5e, and a v5e's whole VMEM as its scoped "
+              "limit (its blocks of 64 pages of 128 keys need more than the 64 MiB ours asks for).",
               "- *least*: each key some row sees, its K and V read once, plus q and the output "
               "(`bench.roofline.ragged_work`); no kernel can move less.",
               "- *ragged traffic*, *JAX*: the page copies each kernel's DMA schedule makes "
@@ -291,9 +292,12 @@ def ragged_markdown(rows: list[dict[str, Any]], label: str, escape: Callable[[An
               "and sequence in it, every block of `num_kv_pages_per_block` pages from the first to the length, no "
               "causal skipping), plus the BlockSpec operands the pipeline model counts, plus the bytes of the XLA "
               "ops around the kernel (the ragged kernel's: gathering each item's rows into padded tiles and "
-              "scattering them back).",
-              "- *ragged / least* above 1 is a prompt's or chunk's pages read once per work item of `block_q` rows, "
-              "and the padded tiles' gather and scatter.", ""]
+              "the output rows back).",
+              "- *ragged / least* above 1 is a prompt's or chunk's pages read once per work item of `block_q` rows "
+              f"({', '.join(sorted({str(r['kernels']['ragged-pallas'].get('block_q')) for r in rows}))}), and the padded "
+              "tiles' way in and out; *ragged / JAX* below 1 is JAX's reading every page of a "
+              "sequence, whole blocks of them, once per block of `num_queries_per_block` token rows it has rows in.",
+              ""]
     return lines
 
 
