@@ -123,3 +123,30 @@ def test_merging_the_ragged_rows_into_the_committed_plan_reproduces_it(tmp_path,
         testing.REPO / "data" / plan.PLAN_FILE).read_bytes()
     assert out.read_text() == (testing.REPO / plan.PLAN_DOC).read_text()
     assert doc["command"].count("--scopes ragged") == 1
+
+
+def test_a_merge_replaces_ragged_rows_that_no_longer_follow_but_checks_the_kept_ones(tmp_path, monkeypatch, capsys):
+    """After a kernel change the old ragged rows no longer follow from it; ``--scopes ragged --merge`` replaces them
+    rather than refusing the plan, but still refuses a kept row that is wrong."""
+    import json
+
+    from tpu_kernel_records_tools.bench import compiled, plan_ragged
+    from tpu_kernel_records_tools.bench import plan as bench_plan
+    from tpu_kernel_records_tools.cli import main as commands
+
+    doc = json.loads((testing.REPO / "data" / plan.PLAN_FILE).read_text())
+    if (doc["jax"], doc["libtpu"]) != (bench_plan.jax.__version__, compiled.libtpu_version()):
+        pytest.skip(f"the committed plan was compiled with jax {doc['jax']}, libtpu {doc['libtpu']}")
+    monkeypatch.setattr(plan_ragged, "ragged_rows", lambda *a, **k: copy.deepcopy(doc["ragged_rows"]))
+    stale = copy.deepcopy(doc)
+    stale["ragged_rows"][0]["kernels"]["ragged-pallas"]["dma_bytes"] += 1
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    args = ["plan", "--scopes", "ragged", "--merge", str(tmp_path / "stale.json"), "--json", str(tmp_path / "p.json"),
+            "--out", str(tmp_path / "p.md")]
+    assert commands.main(args) == 0
+    assert json.loads((tmp_path / "p.json").read_text())["ragged_rows"] == doc["ragged_rows"]
+    stale["paged_rows"][0]["least_bytes"] = 1.0
+    (tmp_path / "stale.json").write_text(json.dumps(stale))
+    (tmp_path / "p.json").unlink()
+    assert commands.main(args) == 2
+    assert "paged_rows/0/least_bytes" in capsys.readouterr().err and not (tmp_path / "p.json").exists()

@@ -377,6 +377,15 @@ def test_each_item_reads_only_the_keys_its_rows_see(causal, window, want):
     assert got == want
 
 
+def test_tpu_work_items_hold_the_steps_tokens_per_sequence_slot():
+    """``num_tokens / max_seqs`` rounded up to a power of two in [16, 64] on TPU; 16 elsewhere."""
+    steps = ((2096, 67), (416, 34), (8192, 16), (48, 4), (1, 1), (130, 4))
+    assert [RaggedBlockSizes.for_step("tpu", t, s).block_q for t, s in steps] == [32, 16, 64, 16, 16, 64]
+    assert RaggedBlockSizes.for_step("tpu", 2096, 67).keys_per_step == 512
+    assert RaggedBlockSizes.for_step("cpu", 8192, 16) == RaggedBlockSizes.for_platform("cpu")
+    assert RaggedBlockSizes.for_step("gpu", 8192, 16).block_q == 16
+
+
 def test_the_tiles_are_gathered_and_come_back_by_one_gather_each():
     """A decode row, a 5-row prompt and a 4-row chunk in items of 3 rows, 3 query heads per kv head
     and NaN padding rows: each item's tile holds its rows as ``paged.plan.to_rows`` lays them out

@@ -62,7 +62,7 @@ def _ragged_attention(family: str, q, k_pages, v_pages, kv_lengths, page_indices
     def build(target: str, interpret: Any):
         if target != "cpu" and target != home:
             raise backend.Unsupported(f"the {family} ragged kernel has no {target} lowering")
-        chosen = blocks or RaggedBlockSizes.for_platform(target)
+        chosen = blocks or RaggedBlockSizes.for_step(target, dims.num_tokens, dims.max_seqs)
         plan = RaggedPlan(dims.num_tokens, dims.max_seqs, dims.num_q_heads, dims.num_kv_heads,
                           dims.head_dim, dims.page_size, dims.pages_per_sequence, dims.num_pages,
                           bool(causal), default_scale(dims.head_dim, scale), interpret,
@@ -104,7 +104,7 @@ _ARGS_DOC = """
       k_scale, v_scale: with a quantized pool, Python floats or fp32 0-d arrays (may be
         traced): a key is ``float32(stored) * k_scale``, a value ``* v_scale``.
       block_sizes: ``RaggedBlockSizes`` (rows per work item, keys per step);
-        ``RaggedBlockSizes.for_platform``'s by default.
+        ``RaggedBlockSizes.for_step``'s by default.
       interpret: ``None``: interpret mode on CPU, compiled on the family's platform, refused
         on the other; ``True`` (or interpret params): interpret mode everywhere; ``False``:
         compiled only.

@@ -164,12 +164,17 @@ def _programs(step: RaggedStep):
     return {"ragged-pallas": (ours, [q, pool, pool, *scalars]), "jax-ragged": (theirs, [q, both, *scalars])}
 
 
+def _block_q(step: RaggedStep) -> int:
+    """The rows of the ragged kernel's work items on a v5e at ``step``'s sizes (its default)."""
+    from kernel_src.ragged import RaggedBlockSizes
+
+    return min(RaggedBlockSizes.for_step("tpu", step.num_tokens, step.max_seqs).block_q, step.num_tokens)
+
+
 def ragged_traffic(step: RaggedStep, kernel: str, fn, abstract_args) -> dict[str, Any]:
     """One kernel's step program compiled for v5e and modelled: ``vmem_bytes``, ``outside_bytes``,
     ``declared_bytes``, ``pipeline_bytes`` (BlockSpec operands, ``bench.pipeline``), ``dma_bytes``
     (``ragged_dma_bytes``) and ``traffic_bytes`` (their sum with the bytes outside)."""
-    from kernel_src.ragged import RaggedBlockSizes
-
     import jax
 
     # JAX's kernel lowers ``lax.sign`` by the default device's TPU generation: make it the v5e's
@@ -179,7 +184,7 @@ def ragged_traffic(step: RaggedStep, kernel: str, fn, abstract_args) -> dict[str
     first = len(abstract_args) - len(scalars)
     records = pipeline.kernel_traffic(fn, abstract_args, known={first + i: v for i, v in enumerate(scalars.values())})
     kv_pages, queries = jax_block_sizes(step)
-    block_q = min(RaggedBlockSizes.for_platform("tpu").block_q, step.num_tokens)
+    block_q = _block_q(step)
     dma = ragged_dma_bytes(kernel, step.q_lens, step.kv_lens, step.page_size, step.num_kv_heads, step.head_dim,
                            np.dtype(step.kv_dtype).itemsize, block_q, queries, kv_pages)
     piped = pipeline.total_bytes(records)
@@ -323,9 +328,7 @@ def ragged_row_problem(row: Any, profile_name: str = "tpu-v5e") -> tuple[str, st
     if not isinstance(kernels, dict) or set(kernels) != set(RAGGED_KERNELS):
         return "kernels", f"must name exactly {RAGGED_KERNELS}"
     kv_pages, queries = jax_block_sizes(step)
-    from kernel_src.ragged import RaggedBlockSizes
-
-    blocks = {"ragged-pallas": dict(block_q=min(RaggedBlockSizes.for_platform("tpu").block_q, step.num_tokens)),
+    blocks = {"ragged-pallas": dict(block_q=_block_q(step)),
               "jax-ragged": dict(num_queries_per_block=queries, num_kv_pages_per_block=kv_pages)}
     for name, k in kernels.items():
         for key in _NUMBERS:
