@@ -41,8 +41,8 @@ def regrade(run_dir: Path | str, seed: int, entropy: str) -> dict[str, Any]:
 
     from ..bench.cases import get_profile
     from ..grading.export import ProgramRefused, load_program, program_path, signature_from_dict
-    from ..measure.submission import PAGED, bench_scopes, case_signature, grade_programs, grade_timed_shapes, \
-        templates_for
+    from ..measure.submission import bench_scopes, case_signature, declared_templates, grade_programs, \
+        grade_timed_shapes, templates_for
 
     run_dir = Path(run_dir)
     corr = json.loads((run_dir / "correctness.json").read_text())
@@ -62,8 +62,7 @@ def regrade(run_dir: Path | str, seed: int, entropy: str) -> dict[str, Any]:
                           features=features, contract=contract, slots_from=corr["seed"])
     templates = templates_for(get_profile(bench["profile"]), bench_scopes(get_profile(bench["profile"]), contract),
                               corr["seed"], platform)
-    if contract == PAGED:  # as measure: a window case only for a kernel that declares the window
-        templates = [c for c in templates if c.window is None or "window" in features]
+    templates = declared_templates(templates, features)  # as measure: a feature's case only for a kernel declaring it
     programs = {}
     for case in templates:
         key = case_signature(case).key

@@ -326,6 +326,11 @@ def templates_for(profile: Profile, scopes: list[str], seed: int, platform: str)
     return out
 
 
+def declared_templates(templates: list[Case], features: tuple[str, ...]) -> list[Case]:
+    """The templates a kernel declaring ``features`` is timed at: those whose cases use no other feature."""
+    return [c for c in templates if set(features_used([c.mask_fields()])) <= set(features)]
+
+
 def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str, isolation: str,
             folder: Path, candidate_dir: Path | None = None, contract: str = "attention",
             ) -> tuple[dict[str, Any], list[Case], dict[str, Any], dict[str, str], list[Signature]]:
@@ -340,7 +345,7 @@ def prepare(spec: str, *, profile: Profile, seed: int, level: str, platform: str
 
     def wanted_for(features: tuple[str, ...]) -> list:  # once the worker says what it declares
         features = tuple(f for f in features if f in contracts.get(contract).features)
-        templates[:] = [c for c in templates if set(features_used([c.mask_fields()])) <= set(features)]
+        templates[:] = declared_templates(templates, features)
         asked["grading"] = grading_signatures(seed, level, features, contract)
         asked["wanted"] = list(dict.fromkeys([*asked["grading"], *(case_signature(c) for c in templates)]))
         return asked["wanted"]
