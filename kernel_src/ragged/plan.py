@@ -153,24 +153,24 @@ def schedule(cu_q_lens, kv_lengths, num_seqs, plan: RaggedPlan) -> Items:
 
 
 def _tile_sources(items: Items, plan: RaggedPlan):
-    """``(flat, real)``, ``[items, hk, rows_pad]`` each: the row of ``q.reshape(-1, d)`` (token
-    times ``hq`` plus query head) each tile row reads, as ``kernel_src.paged.plan.to_rows`` lays
-    a tile out, and whether it is a row of a sequence."""
+    """``((token, head), real)``, ``[items, hk, rows_pad]`` each: the row and query head of ``q``
+    each tile row reads, as ``kernel_src.paged.plan.to_rows`` lays a tile out, and whether it is
+    a row of a sequence."""
     rows = jnp.arange(plan.rows_pad, dtype=jnp.int32)
     g, i = row_index(rows, plan)
     i = jnp.minimum(i, plan.block_q - 1)  # padded rows past the group's: any in-range row
     heads = jnp.arange(plan.num_kv_heads, dtype=jnp.int32)[:, None] * plan.group + g
-    flat = items.tokens[:, None, i] * plan.num_q_heads + heads
+    tokens = jnp.broadcast_to(items.tokens[:, None, i], (items.tokens.shape[0], *heads.shape))
     real = items.real[:, None, i] & (rows < plan.rows)
-    return flat, jnp.broadcast_to(real, flat.shape)
+    return (tokens, jnp.broadcast_to(heads, tokens.shape)), jnp.broadcast_to(real, tokens.shape)
 
 
 def gather_tiles(q: jax.Array, items: Items, plan: RaggedPlan) -> jax.Array:
     """``q [num_tokens, hq, d]`` as the items' tiles ``[items, hk, rows_pad, d]`` (the paged
     kernels' ``to_rows`` layout) in one gather; zeros where no row of a sequence is, so a NaN in
     a padding row of ``q`` is never read by a kernel."""
-    flat, real = _tile_sources(items, plan)
-    rows = q.reshape(-1, q.shape[-1])[flat]
+    source, real = _tile_sources(items, plan)
+    rows = q[source]
     return jnp.where(real[..., None], rows, jnp.zeros((), q.dtype))
 
 
@@ -186,9 +186,7 @@ def scatter_tiles(tiles: jax.Array, items: Items, plan: RaggedPlan) -> jax.Array
                                              mode="drop")
     real = jnp.zeros(t, bool).at[rows].set(True, mode="drop")
     h = jnp.arange(plan.num_q_heads, dtype=jnp.int32)
-    tile_row = ((item[:, None] * plan.num_kv_heads + h // plan.group) * plan.rows_pad
-                + (h % plan.group) * bq + i[:, None])
-    out = tiles.reshape(-1, tiles.shape[-1])[tile_row]
+    out = tiles[item[:, None], (h // plan.group)[None], (h % plan.group) * bq + i[:, None]]
     return jnp.where(real[:, None, None], out, jnp.zeros((), tiles.dtype))
 
 
