@@ -1,5 +1,6 @@
-"""The ragged rubric's checks: every known-bad ragged built-in is rejected by its intended check(s) and the correct
-ones pass, at the quick level (default run) and the full level on seeds 0-2 (slow).
+"""The ragged rubric's checks: every known-bad ragged built-in is rejected by its intended check(s) at the quick
+level (default run); their shared program with every switch off passes every check at the quick level, and the
+correct ones pass and the known-bads are rejected at the full level on seeds 0-2 (slow run).
 
 Trusted built-ins are called in-process here (as ``tests/test_paged_grading.py`` does): the checks and verdicts are
 the rubric's (``grading.ragged.checks``); the worker path is the CLI test's (``tests/test_ragged_cli.py``)."""
@@ -66,6 +67,7 @@ def switches_off():
     return grade(_bug(), 0, "quick")
 
 
+@pytest.mark.slow  # about 25 CPU-s: the program compiles for every check's problems (the known-bads' for their own)
 def test_every_switch_off_is_the_contract(switches_off):
     """(So each known-bad's failure is its bug's.)"""
     assert set(switches_off) == CHECK_NAMES
