@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import textwrap
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -242,10 +243,13 @@ def test_the_packed_cache_slots_catch_a_block_skip_decided_from_one_key(level, s
     assert _skip_hides_a_visible_key(chunk, 128)  # the hidden kernel's bug shows in chunked prefill, without padding
 
 
+_jitted_blocks_skipped = jax.jit(_blocks_skipped)
+
+
 def _skip_hides_a_visible_key(p, block: int) -> bool:
     """Whether skipping ``block``-key blocks from one key (``feature_variants._blocks_skipped``) hides a key a row
     sees."""
-    skipped = _blocks_skipped(jnp.asarray(p.q_segments), jnp.asarray(p.kv_segments), jnp.asarray(block))
+    skipped = _jitted_blocks_skipped(p.q_segments, p.kv_segments, np.int32(block))  # one program, not one an op
     return bool((_visible(p) & np.asarray(skipped)[:, None, :]).any())
 
 
