@@ -28,7 +28,7 @@ import yaml
 
 from . import fields
 from .leaderboard import leaderboard
-from .markdown import code, table, text
+from .markdown import code, megabytes, table, text
 from .ragged_card import ragged
 from ..bench.stats import CONFIDENCE
 from ..records.schema import CONFIG_NAMES, FEATURES, TAG
@@ -314,7 +314,7 @@ def paged(benchmark: pa.Table) -> str:
                 declared.append([", ".join(names), code(m.name), f"{m.num_q_heads} / {m.num_kv_heads}", m.head_dim,
                                  _window(m.window), page_size, context, len(lengths), context // page_size,
                                  table_pool, f"{int(lengths.min())}-{int(lengths.max())}",
-                                 f"{useful / 1e6:,.1f}" if useful >= 1e7 else f"{useful / 1e6:.3g}"])
+                                 megabytes(useful)])
     parts = [table(["Profiles", "Model", "Heads (q / kv)", "head_dim", "Window (left, right)", "Page size",
                     "Context", "Batch", "Pages per sequence", "Pool pages", "Lengths", "Useful MB"], declared)]
     rows = [r for r in benchmark.to_pylist() if r["scope"] in PAGED_SCOPES]

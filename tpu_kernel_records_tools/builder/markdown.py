@@ -50,3 +50,8 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(c if isinstance(c, Markdown) else text(c) for c in row) + " |" for row in rows]
     return "\n".join(lines) + "\n"
+
+
+def megabytes(n: float) -> str:
+    """Bytes as megabytes (10^6) for a card's table: one decimal from 10 MB, three significant digits below."""
+    return f"{n / 1e6:,.1f}" if n >= 1e7 else f"{n / 1e6:.3g}"

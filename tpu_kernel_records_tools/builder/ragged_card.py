@@ -6,11 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from .markdown import code, table, text
-
-
-def _megabytes(n: float) -> str:
-    return f"{n / 1e6:,.1f}" if n >= 1e7 else f"{n / 1e6:.3g}"
+from .markdown import code, megabytes, table, text
 
 
 def ragged(benchmark: pa.Table) -> str:
@@ -32,7 +28,7 @@ def ragged(benchmark: pa.Table) -> str:
                                  f"{m.decode_rows} x 1 ({int(kv_lens[:m.decode_rows].min())}-{m.decode_context})",
                                  ", ".join(f"{q} of {kv}" for q, kv in m.chunks), ", ".join(map(str, m.prompts)),
                                  f"{m.rows} ({m.num_tokens})", code(kv_dtype), page_size, table_.shape[1], pool,
-                                 "yes" if m.xla_fits() else "no", _megabytes(useful)])
+                                 "yes" if m.xla_fits() else "no", megabytes(useful)])
     parts = [table(["Profiles", "Model", "Heads (q / kv)", "head_dim", "Decode rows (keys)", "Prefill chunks (rows "
                     "of keys)", "Whole prompts", "Query rows (padded)", "Cache", "Page size", "Pages per sequence",
                     "Pool pages", "XLA reference", "Useful MB"], declared)]
