@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from tpu_kernel_records_tools.sandbox import candidate_files, isolation, memcg, sandbox, syscalls
@@ -176,6 +176,7 @@ _json = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | s
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.dictionaries(st.sampled_from(["ok", "error", "raised", "features", "inputs_modified", "seq", "arrays",
                                         "op", "pid", "syscall_filter", "other"]), _json, max_size=6))
+@example({"arrays": [[None, [], {"\r" * 4: None, "k" * 8: None}, {"struct": {"x" * 8: None}, "y" * 8: {"z" * 8: None}}]]})
 def test_adversarial_headers_are_a_protocol_error_or_a_valid_reply(header):
     head = json.dumps(header).encode()
     if _frame_checked(head, header.get("seq")):

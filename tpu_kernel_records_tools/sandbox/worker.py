@@ -43,7 +43,14 @@ DTYPE_NAMES = ("bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "ui
 
 
 class ProtocolError(Exception):
-    """The other side sent something that is not a well-formed frame (or the pipe closed mid-frame)."""
+    """The other side sent something that is not a well-formed frame (or the pipe closed mid-frame). Its message,
+    which may quote what the other side sent, is one line of at most ``MESSAGE_LIMIT`` characters."""
+
+    MESSAGE_LIMIT = 300
+
+    def __init__(self, message: str):
+        line = " ".join(str(message).split())
+        super().__init__(line if len(line) <= self.MESSAGE_LIMIT else line[:self.MESSAGE_LIMIT - 3] + "...")
 
 
 def dtype_of(name: str):
