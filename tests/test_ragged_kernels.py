@@ -30,8 +30,8 @@ from kernel_src.reference import reference_ragged_paged_attention
 from tests.seeds import full_level_seeds
 
 KERNELS = {"tpu": ragged_paged_attention_tpu, "triton": ragged_paged_attention_triton}
-# Several items per prompt, several steps (Mosaic) and loop iterations (Triton) per item.
-SMALL = RaggedBlockSizes(block_q=4, pages_per_step=2, block_k=16)
+# Several items per prompt (Mosaic: of up to 3 tiles), several steps (Mosaic) and loop iterations (Triton) per item.
+SMALL = RaggedBlockSizes(block_q=4, sub_tiles=3, pages_per_step=2, block_k=16)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -184,6 +184,7 @@ def test_mixed_step_matches_truth_and_ignores_pool_order(family):
     np.testing.assert_array_equal(attend(family, permuted(problem)), got)
     q, k, v, args = problem
     _, graded = truth(q, k, v, **args)
+    np.testing.assert_array_equal(got[~graded], 0.0)  # padding rows: zeros
     reference = np.asarray(reference_ragged_paged_attention(q, k, v, **args))
     np.testing.assert_allclose(got[graded], reference[graded], atol=2e-5, rtol=2e-5)
 
@@ -270,7 +271,7 @@ def test_bad_arguments_are_refused_in_one_line(change, message):
     assert message in str(error.value) and "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("field,value", [("block_q", 0), ("block_q", True), ("block_k", 24)])
+@pytest.mark.parametrize("field,value", [("block_q", 0), ("block_q", True), ("sub_tiles", 0), ("block_k", 24)])
 def test_block_sizes_are_checked(field, value):
     with pytest.raises(ValueError, match=field):
         RaggedBlockSizes(**{field: value})
@@ -361,7 +362,7 @@ def test_registered():
 def test_each_item_reads_only_the_keys_its_rows_see(causal, window, want):
     """The work list of a decode row and a 13-row prompt in items of 4 rows, and each item's
     keys (``key_range``: causal, window and length skipping); items past the last read none."""
-    from kernel_src.ragged.plan import RaggedPlan, key_range, schedule
+    from kernel_src.ragged.plan import RaggedPlan, item_tokens, key_range, schedule
 
     plan = RaggedPlan(num_tokens=16, max_seqs=3, num_q_heads=2, num_kv_heads=1, head_dim=8,
                       page_size=4, pages_per_sequence=10, num_pages=20, causal=causal, scale=1.0,
@@ -370,20 +371,74 @@ def test_each_item_reads_only_the_keys_its_rows_see(causal, window, want):
     assert plan.items == 7
     np.testing.assert_array_equal(items.seq[:5], [0, 1, 1, 1, 1])
     np.testing.assert_array_equal(items.j0[:5], [0, 0, 4, 8, 12])
-    np.testing.assert_array_equal(items.tokens[4], [13, 14, 15, 15])  # clipped past the end
-    np.testing.assert_array_equal(items.real[4], [True, False, False, False])
+    np.testing.assert_array_equal(items.first[:5], [0, 1, 5, 9, 13])
+    np.testing.assert_array_equal(items.rows, [1, 4, 4, 4, 1, 0, 0])
+    tokens, real = item_tokens(items, plan)
+    np.testing.assert_array_equal(tokens[4], [13, 14, 15, 15])  # clipped past the end
+    np.testing.assert_array_equal(real[4], [True, False, False, False])
     start, end = key_range(items.length, items.q_len, items.j0, plan)
     got = [(int(a), int(max(b, 0))) for a, b in zip(start, end)][:6]
     assert got == want
 
 
 def test_tpu_work_items_hold_the_steps_tokens_per_sequence_slot():
-    """``num_tokens / max_seqs`` rounded up to a power of two in [16, 64] on TPU; 16 elsewhere."""
+    """``num_tokens / max_seqs`` rounded up to a power of two in [16, 64] on TPU, items of 512 rows; 16 elsewhere,
+    items of 4 tiles on CPU (interpreted), of one on GPU."""
     steps = ((2096, 67), (416, 34), (8192, 16), (48, 4), (1, 1), (130, 4))
     assert [RaggedBlockSizes.for_step("tpu", t, s).block_q for t, s in steps] == [32, 16, 64, 16, 16, 64]
+    assert [RaggedBlockSizes.for_step("tpu", t, s).sub_tiles for t, s in steps] == [16, 32, 8, 32, 32, 8]
     assert RaggedBlockSizes.for_step("tpu", 2096, 67).keys_per_step == 512
-    assert RaggedBlockSizes.for_step("cpu", 8192, 16) == RaggedBlockSizes.for_platform("cpu")
+    cpu = RaggedBlockSizes.for_platform("cpu")
+    assert RaggedBlockSizes.for_step("cpu", 8192, 16) == dataclasses.replace(cpu, sub_tiles=4)
     assert RaggedBlockSizes.for_step("gpu", 8192, 16).block_q == 16
+
+
+def _equations(jaxpr):
+    """The equations of ``jaxpr`` and of the jaxprs in their parameters (a kernel's body not entered)."""
+    for eqn in jaxpr.eqns:
+        yield eqn
+        if eqn.primitive.name == "pallas_call":
+            continue
+        for value in eqn.params.values():
+            for inner in value if isinstance(value, (tuple, list)) else (value,):
+                inner = getattr(inner, "jaxpr", inner)
+                if hasattr(inner, "eqns"):
+                    yield from _equations(inner)
+
+
+def test_mosaic_copies_q_and_the_output_rows_itself():
+    """The Mosaic kernel takes ``q [num_tokens, hq, d]`` as it is and makes the output: no op around it makes an
+    array as large as q (tiles of each item's rows gathered in XLA, or the output rows gathered back, would).
+    Items of 16 rows over 13 rows of q: no row copy is larger than q."""
+    q, k, v, args = problem = make_problem(Case(((1, 20), (9, 9))))
+    blocks = dataclasses.replace(SMALL, sub_tiles=4)
+    assert_matches(attend("tpu", problem, block_sizes=blocks), problem)
+    jaxpr = jax.make_jaxpr(lambda q, k, v: ragged_paged_attention_tpu(q, k, v, **args, block_sizes=blocks))(q, k, v)
+    equations = list(_equations(jaxpr.jaxpr))
+    kernels = [e for e in equations if e.primitive.name == "pallas_call"]  # a branch per platform
+    assert kernels and all([o.aval.shape for o in kernel.outvars] == [q.shape] for kernel in kernels)
+    around = [e.primitive.name for e in equations  # the platforms' branches and refusals move nothing
+              if e.primitive.name not in ("pallas_call", "cond", "jit", "pjit", "custom_vjp_call")
+              and not e.primitive.name.startswith("kernel_src_")
+              and any(np.prod(o.aval.shape) >= q.size for o in e.outvars)]
+    assert around == []
+
+
+def test_an_items_state_is_fitted_to_vmem():
+    """Compiled, sub-tiles halve until an item's rows and statistics fit the budget beside the page buffers."""
+    from kernel_src.ragged.plan import RaggedPlan
+    from kernel_src.ragged.tpu import fit_sub_tiles, state_bytes
+
+    plan = RaggedPlan(num_tokens=4096, max_seqs=8, num_q_heads=32, num_kv_heads=8, head_dim=128, page_size=16,
+                      pages_per_sequence=64, num_pages=512, causal=True, scale=1.0, interpret=False, block_q=32,
+                      rows_pad=128, sub_tiles=64)
+    one = state_bytes(dataclasses.replace(plan, sub_tiles=1), 2)
+    assert one == 32 * 32 * 128 * 2 + 8 * 128 * 128 * 2 + 8 * 128 * (2 * 128 + 128) * 4
+    budget = 40 * 2 ** 20
+    fitted = fit_sub_tiles(plan, budget, 2)
+    assert fitted == 16 and state_bytes(dataclasses.replace(plan, sub_tiles=fitted), 2) <= budget
+    assert state_bytes(dataclasses.replace(plan, sub_tiles=2 * fitted), 2) > budget
+    assert fit_sub_tiles(plan, 1, 2) == 1
 
 
 def test_the_tiles_are_gathered_and_come_back_by_one_gather_each():
@@ -391,17 +446,18 @@ def test_the_tiles_are_gathered_and_come_back_by_one_gather_each():
     and NaN padding rows: each item's tile holds its rows as ``paged.plan.to_rows`` lays them out
     (zeros where no row of a sequence is), and the way back returns q's rows, zeros past them."""
     from kernel_src.paged.plan import to_rows
-    from kernel_src.ragged.plan import RaggedPlan, gather_tiles, scatter_tiles, schedule
+    from kernel_src.ragged.plan import RaggedPlan, gather_tiles, item_tokens, scatter_tiles, schedule
 
     plan = RaggedPlan(num_tokens=12, max_seqs=4, num_q_heads=6, num_kv_heads=2, head_dim=4, page_size=2,
                       pages_per_sequence=4, num_pages=16, causal=True, scale=1.0, interpret=True, block_q=3,
                       rows_pad=16)
     items = schedule(jnp.array([0, 1, 6, 10, 10]), jnp.array([3, 5, 8, 0]), jnp.array([3]), plan)
     q = jnp.arange(12 * 6 * 4, dtype=jnp.float32).reshape(12, 6, 4).at[10:].set(jnp.nan)
-    rows = jnp.where(items.real[:, :, None, None], q[items.tokens], 0.0)
+    tokens, real = item_tokens(items, plan)
+    rows = jnp.where(real[:, :, None, None], q[tokens], 0.0)
     tiles = gather_tiles(q, items, plan)
     np.testing.assert_array_equal(tiles, to_rows(rows, 2, 16))
-    assert not jnp.isnan(tiles).any() and int(items.real.sum()) == 10
+    assert not jnp.isnan(tiles).any() and int(real.sum()) == 10
     np.testing.assert_array_equal(scatter_tiles(tiles, items, plan), q.at[10:].set(0.0))
 
 

@@ -167,15 +167,16 @@ def _kernel(lengths_ref, table_ref, *refs, plan: PagedPlan, pages_per_step: int)
 
 
 def walk(t, start, end, table_at, pages_per_step: int, page_rows: int, refs, sinks_ref, o_ref,
-         plan, compute) -> None:
+         plan, compute, init=None, store=None) -> None:
     """Grid step ``t`` of one tile's walk over its keys ``[start, end)``, steps of
     ``pages_per_step`` table entries (``table_at(i)``: the page of entry ``i``), as the module
-    docstring describes: step 0 starts the statistics (with the sinks: ``row_sinks``) and the
-    first copies; a step that computes starts the next one's copies, waits for its own and calls
-    ``compute(slot, block, clean)``, ``clean(v)`` zeroing the rows of a ``[keys, d]`` V tile that
-    no copy of this step wrote or that lie at or past ``end``; the last grid step stores the
-    rows. ``refs``: ``(k_hbm, v_hbm, k_buf, v_buf, sems, m, l, acc)``; ``page_rows``: the buffer
-    rows of one page."""
+    docstring describes: step 0 starts the first copies and the statistics (with the sinks:
+    ``row_sinks``; ``init()`` instead where given); a step that computes starts the next one's
+    copies, waits for its own and calls ``compute(slot, block, clean)``, ``clean(v)`` zeroing the
+    rows of a ``[keys, d]`` V tile that no copy of this step wrote or that lie at or past ``end``;
+    the last grid step stores the rows into ``o_ref`` (``store()`` instead where given).
+    ``refs``: ``(k_hbm, v_hbm, k_buf, v_buf, sems, m, l, acc)``; ``page_rows``: the buffer rows
+    of one page."""
     k_hbm, v_hbm, k_buf, v_buf, sems, m_scratch, l_scratch, acc_scratch = refs
     page_size, keys = plan.page_size, pages_per_step * plan.page_size
     end = jnp.maximum(end, 0)
@@ -198,8 +199,7 @@ def walk(t, start, end, table_at, pages_per_step: int, page_rows: int, refs, sin
             return carry
         lax.fori_loop(lo, hi, copy, 0)
 
-    @pl.when(t == 0)
-    def _start():
+    def start_stats():
         if sinks_ref is not None:
             rows = lax.broadcasted_iota(jnp.int32, (plan.rows_pad, LANES), 0)
             for j in range(plan.num_kv_heads):
@@ -209,9 +209,17 @@ def walk(t, start, end, table_at, pages_per_step: int, page_rows: int, refs, sin
             l_scratch[...] = jnp.zeros(l_scratch.shape, F32)
         acc_scratch[...] = jnp.zeros(acc_scratch.shape, F32)
 
+    def store_rows():
+        for j in range(plan.num_kv_heads):
+            out, _ = finish(m_scratch[j], l_scratch[j], acc_scratch[j], _lanes)
+            o_ref[j] = out.astype(o_ref.dtype)
+
+    @pl.when(t == 0)
+    def _start():
         @pl.when(count > 0)
         def _first_copies():
             each_page(first_step, 0, lambda c: c.start())
+        (init or start_stats)()
 
     @pl.when(t < count)
     def _step():
@@ -233,11 +241,7 @@ def walk(t, start, end, table_at, pages_per_step: int, page_rows: int, refs, sin
             return lax.cond(whole, lambda v: v, lambda v: jnp.where(real, v, 0).astype(v.dtype), v)
         compute(slot, block, clean)
 
-    @pl.when(t == pl.num_programs(1) - 1)
-    def _store():
-        for j in range(plan.num_kv_heads):
-            out, _ = finish(m_scratch[j], l_scratch[j], acc_scratch[j], _lanes)
-            o_ref[j] = out.astype(o_ref.dtype)
+    pl.when(t == pl.num_programs(1) - 1)(store or store_rows)
 
 
 def _least_cost(plan: PagedPlan, batch: int, itemsize: int) -> pl.CostEstimate:

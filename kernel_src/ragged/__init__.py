@@ -10,7 +10,8 @@ the pool through its row of ``page_indices``. The pool may be int8 or float8_e4m
 ``k_scale``, ``v_scale``. Forward only. One file per part:
 
 * ``plan``: ``RaggedBlockSizes``, the call's static plan, the work list, the mask;
-* ``tpu``: the Mosaic kernel: work list and page table in scalar prefetch, pages DMA'd by hand;
+* ``tpu``: the Mosaic kernel: work list and page table in scalar prefetch, pages and q's and the
+  output's rows DMA'd by hand, items of many rows reading their pages once;
 * ``gpu``: the Triton kernel: keys gathered through the page table inside each program;
 * ``api``: ``ragged_paged_attention_tpu`` and ``ragged_paged_attention_triton``.
 

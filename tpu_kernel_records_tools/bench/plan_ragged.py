@@ -63,13 +63,17 @@ def ragged_plan_steps(profile_name: str = "tpu-v5e") -> list[RaggedStep]:
     return steps
 
 
-def _item_pages(q_len: int, length: int, block_q: int, page_size: int) -> int:
-    """Pages the ragged kernel copies for one sequence (causal, no window): one work item per
-    ``block_q`` rows (``kernel_src.ragged.plan.schedule``), each copying every page holding a key
-    below its last row's position + 1 (``key_range``), once, whole."""
-    first = length - q_len
-    return sum(-(-min(length, first + min(q_len, j0 + block_q)) // page_size)
-               for j0 in range(0, q_len, block_q))
+def ragged_item_copies(q_lens, kv_lens, item_rows: int, page_size: int) -> list[tuple[int, int]]:
+    """``(rows, pages)`` of each work item of the ragged kernel over a causal step (no window), in
+    the kernel's order (``kernel_src.ragged.plan.schedule``; the padding rows' item, of no keys, not
+    listed): one item per ``item_rows`` rows of a sequence, each copying its rows of q in and out
+    and every page holding a key below its last row's position + 1 (``key_range``), once, whole."""
+    items = []
+    for q_len, length in zip(map(int, q_lens), map(int, kv_lens)):
+        for j0 in range(0, q_len, item_rows):
+            rows = min(item_rows, q_len - j0)
+            items.append((rows, -(-min(length, length - q_len + j0 + rows) // page_size)))
+    return items
 
 
 def jax_block_visits(q_lens, kv_lens, num_queries_per_block: int, num_kv_per_block: int) -> list[int]:
@@ -89,22 +93,27 @@ def jax_block_visits(q_lens, kv_lens, num_queries_per_block: int, num_kv_per_blo
     return visits
 
 
-def ragged_dma_bytes(kernel: str, q_lens, kv_lens, page_size: int, num_kv_heads: int, head_dim: int,
-                     itemsize: int, block_q: int = 16, num_queries_per_block: int = 32,
-                     num_kv_pages_per_block: int = 128) -> int:
-    """K and V bytes a ragged kernel's hand-written DMAs copy over one causal step (no window):
-    ``ragged-pallas`` per work item of ``block_q`` rows every page its rows can see, once, whole (all
-    kv heads; ``kernel_src.ragged.tpu``); ``jax-ragged`` per kv block it walks (``jax_block_visits``)
-    ``num_kv_pages_per_block`` whole pages (pages past the length copy the sequence's first page
-    again: ``MultiPageAsyncCopyDescriptor``), K and V together. ``itemsize``: the cache's."""
+def ragged_dma_bytes(kernel: str, step: RaggedStep, blocks: dict[str, int]) -> int:
+    """Bytes a ragged kernel's hand-written DMAs copy over one causal ``step`` (no window) at its block
+    sizes ``blocks`` (``kernel_blocks``). ``ragged-pallas`` (``kernel_src.ragged.tpu``): per work item
+    (``ragged_item_copies``, items of ``block_q * sub_tiles`` rows) every page its rows can see, once,
+    whole (all kv heads), K and V, its rows of q in and its output rows out, and the padding rows past
+    the last sequence's out (zeros). ``jax-ragged`` (its q and output are BlockSpec operands, not
+    counted here): per kv block it walks (``jax_block_visits``) ``num_kv_pages_per_block`` whole pages
+    (pages past the length copy the sequence's first page again: ``MultiPageAsyncCopyDescriptor``), K
+    and V together."""
+    kv_page = 2 * step.page_size * step.num_kv_heads * step.head_dim * np.dtype(step.kv_dtype).itemsize
     if kernel == "ragged-pallas":
-        pages = sum(_item_pages(int(n), int(k), block_q, page_size) for n, k in zip(q_lens, kv_lens))
-    elif kernel == "jax-ragged":
-        keys = num_kv_pages_per_block * page_size
-        pages = num_kv_pages_per_block * sum(jax_block_visits(q_lens, kv_lens, num_queries_per_block, keys))
-    else:
-        raise ValueError(f"no DMA model of {kernel!r}; choose from {RAGGED_KERNELS}")
-    return 2 * pages * page_size * num_kv_heads * head_dim * itemsize
+        items = ragged_item_copies(step.q_lens, step.kv_lens, blocks["block_q"] * blocks["sub_tiles"],
+                                   step.page_size)
+        row = step.num_q_heads * step.head_dim * np.dtype(step.dtype).itemsize
+        rows_in = sum(rows for rows, _ in items)
+        return sum(pages for _, pages in items) * kv_page + (rows_in + step.num_tokens) * row
+    if kernel == "jax-ragged":
+        pages = blocks["num_kv_pages_per_block"]
+        visits = jax_block_visits(step.q_lens, step.kv_lens, blocks["num_queries_per_block"], pages * step.page_size)
+        return pages * sum(visits) * kv_page
+    raise ValueError(f"no DMA model of {kernel!r}; choose from {RAGGED_KERNELS}")
 
 
 def jax_block_sizes(step: RaggedStep) -> tuple[int, int]:
@@ -164,11 +173,25 @@ def _programs(step: RaggedStep):
     return {"ragged-pallas": (ours, [q, pool, pool, *scalars]), "jax-ragged": (theirs, [q, both, *scalars])}
 
 
-def _block_q(step: RaggedStep) -> int:
-    """The rows of the ragged kernel's work items on a v5e at ``step``'s sizes (its default)."""
-    from kernel_src.ragged import RaggedBlockSizes
+def ragged_kernel_plan(step: RaggedStep):
+    """The ragged kernel's static plan (``kernel_src.ragged.plan.RaggedPlan``) of ``step`` compiled for a v5e
+    at its default block sizes (``kernel_src.ragged.api.ragged_plan``: VMEM fitted as a v5e's)."""
+    from kernel_src.contract import RaggedDims
+    from kernel_src.ragged.api import ragged_plan
 
-    return min(RaggedBlockSizes.for_step("tpu", step.num_tokens, step.max_seqs).block_q, step.num_tokens)
+    dims = RaggedDims(step.num_tokens, step.num_q_heads, step.num_kv_heads, step.head_dim,
+                      step.max_seqs * step.pages_per_sequence, step.page_size, step.max_seqs, step.pages_per_sequence,
+                      step.kv_dtype)
+    return ragged_plan("mosaic", dims, np.dtype(step.dtype).itemsize, "tpu", False)[0]
+
+
+def kernel_blocks(step: RaggedStep) -> dict[str, dict[str, int]]:
+    """Each kernel's block sizes on a v5e at ``step``'s sizes: the ragged kernel's rows per tile and tiles
+    per item (``ragged_kernel_plan``) and JAX's tuned ones (``jax_block_sizes``)."""
+    plan = ragged_kernel_plan(step)
+    kv_pages, queries = jax_block_sizes(step)
+    return {"ragged-pallas": dict(block_q=plan.block_q, sub_tiles=plan.sub_tiles),
+            "jax-ragged": dict(num_queries_per_block=queries, num_kv_pages_per_block=kv_pages)}
 
 
 def ragged_traffic(step: RaggedStep, kernel: str, fn, abstract_args) -> dict[str, Any]:
@@ -183,14 +206,10 @@ def ragged_traffic(step: RaggedStep, kernel: str, fn, abstract_args) -> dict[str
     scalars = step_arrays(step)
     first = len(abstract_args) - len(scalars)
     records = pipeline.kernel_traffic(fn, abstract_args, known={first + i: v for i, v in enumerate(scalars.values())})
-    kv_pages, queries = jax_block_sizes(step)
-    block_q = _block_q(step)
-    dma = ragged_dma_bytes(kernel, step.q_lens, step.kv_lens, step.page_size, step.num_kv_heads, step.head_dim,
-                           np.dtype(step.kv_dtype).itemsize, block_q, queries, kv_pages)
+    blocks = kernel_blocks(step)[kernel]
+    dma = ragged_dma_bytes(kernel, step, blocks)
     piped = pipeline.total_bytes(records)
     declared = [k["declared_bytes"] for k in facts["kernels"]]
-    blocks = dict(block_q=block_q) if kernel == "ragged-pallas" else dict(
-        num_queries_per_block=queries, num_kv_pages_per_block=kv_pages)
     return dict(kernels=len(facts["kernels"]), vmem_bytes=facts["vmem_bytes"], outside_bytes=facts["outside_bytes"],
                 declared_bytes=None if None in declared else sum(declared), pipeline_bytes=piped, dma_bytes=dma,
                 traffic_bytes=None if piped is None else piped + dma + facts["outside_bytes"], **blocks)
@@ -291,19 +310,28 @@ def ragged_markdown(rows: list[dict[str, Any]], label: str, escape: Callable[[An
               "limit (its blocks of 64 pages of 128 keys need more than the 64 MiB ours asks for).",
               "- *least*: each key some row sees, its K and V read once, plus q and the output "
               "(`bench.roofline.ragged_work`); no kernel can move less.",
-              "- *ragged traffic*, *JAX*: the page copies each kernel's DMA schedule makes "
-              "(`bench.plan_ragged.ragged_dma_bytes`: the ragged kernel, per work item of `block_q` rows of one "
-              "sequence, every page its rows can see, once; JAX's, per block of `num_queries_per_block` token rows "
-              "and sequence in it, every block of `num_kv_pages_per_block` pages from the first to the length, no "
-              "causal skipping), plus the BlockSpec operands the pipeline model counts, plus the bytes of the XLA "
-              "ops around the kernel (the ragged kernel's: gathering each item's rows into padded tiles and "
-              "the output rows back).",
-              "- *ragged / least* above 1 is a prompt's or chunk's pages read once per work item of `block_q` rows "
-              f"({', '.join(sorted({str(r['kernels']['ragged-pallas'].get('block_q')) for r in rows}))}), and the padded "
-              "tiles' way in and out; *ragged / JAX* below 1 is JAX's reading every page of a "
+              "- *ragged traffic*, *JAX*: the copies each kernel's DMA schedule makes "
+              "(`bench.plan_ragged.ragged_dma_bytes`: the ragged kernel, per work item of up to `block_q` x "
+              "`sub_tiles` rows of one sequence, every page its rows can see, once, and exactly its rows of q in "
+              "and of the output out, the padding rows written as zeros; JAX's, per block of "
+              "`num_queries_per_block` token rows and sequence in it, every block of `num_kv_pages_per_block` pages "
+              "from the first to the length, no causal skipping), plus the BlockSpec operands the pipeline model "
+              "counts (JAX's q and output), plus the bytes of the XLA ops around the kernel (the ragged kernel's: "
+              "its work list; and, for both kernels, where q's heads fill no whole sublane tiles, as qwen2.5-7b's 28, "
+              "the copies that turn q from the layout TPU gives a program's parameter into the row-major one a "
+              "Pallas call takes, and the output back: about four times q's bytes).",
+              "- *ragged / least* above 1 is each sequence's last page read whole, a prompt's first pages read once "
+              "per work item of its rows (items of "
+              f"{', '.join(sorted({str(_item_rows(r)) for r in rows}))} rows), and the padding rows' zeros; "
+              "*ragged / JAX* below 1 is JAX's reading every page of a "
               "sequence, whole blocks of them, once per block of `num_queries_per_block` token rows it has rows in.",
               ""]
     return lines
+
+
+def _item_rows(row: dict[str, Any]):
+    blocks = row["kernels"]["ragged-pallas"]
+    return None if blocks.get("block_q") is None else blocks["block_q"] * blocks.get("sub_tiles", 1)
 
 
 _NUMBERS = ("vmem_bytes", "outside_bytes", "declared_bytes", "pipeline_bytes", "dma_bytes", "traffic_bytes")
@@ -327,9 +355,7 @@ def ragged_row_problem(row: Any, profile_name: str = "tpu-v5e") -> tuple[str, st
     kernels = row.get("kernels")
     if not isinstance(kernels, dict) or set(kernels) != set(RAGGED_KERNELS):
         return "kernels", f"must name exactly {RAGGED_KERNELS}"
-    kv_pages, queries = jax_block_sizes(step)
-    blocks = {"ragged-pallas": dict(block_q=_block_q(step)),
-              "jax-ragged": dict(num_queries_per_block=queries, num_kv_pages_per_block=kv_pages)}
+    blocks = kernel_blocks(step)
     for name, k in kernels.items():
         for key in _NUMBERS:
             value = k.get(key)
@@ -337,8 +363,7 @@ def ragged_row_problem(row: Any, profile_name: str = "tpu-v5e") -> tuple[str, st
                 return f"kernels/{name}/{key}", f"{value!r} is not a finite number >= 0"
         if {key: k.get(key) for key in blocks[name]} != blocks[name]:
             return f"kernels/{name}", f"block sizes {({key: k.get(key) for key in blocks[name]})!r}, not {blocks[name]!r}"
-        dma = ragged_dma_bytes(name, step.q_lens, step.kv_lens, step.page_size, step.num_kv_heads, step.head_dim,
-                               np.dtype(step.kv_dtype).itemsize, blocks["ragged-pallas"]["block_q"], queries, kv_pages)
+        dma = ragged_dma_bytes(name, step, blocks[name])
         if k.get("dma_bytes") != dma:
             return f"kernels/{name}/dma_bytes", f"{k.get('dma_bytes')!r}, but its DMA schedule copies {dma!r}"
         traffic = None if k.get("pipeline_bytes") is None else k["pipeline_bytes"] + dma + (k.get("outside_bytes") or 0)
