@@ -1,12 +1,15 @@
 """What makes a grade faster without changing a verdict: XLA:CPU's classic fusion emitters for the
 reference's programs and the candidate's worker (``grading.candidates.CPU_COMPILE_OPTIONS``: the same
-bits, less compile time), and a seed's problems built and queued ahead while the worker starts
-(``grading.dense.checks.plan_ahead``). The figures are ``scripts/time_rubric.py``'s, in CHANGELOG.md."""
+bits, less compile time), and at the full level one LLVM module per program in the worker
+(``sandbox.cpu_jit.FULL_WORKER_OPTIONS``), a seed's problems built and queued ahead while the worker starts
+(``grading.dense.checks.plan_ahead``), and no truth or baseline for the problems no check judges. The figures
+are ``scripts/time_rubric.py``'s, in CHANGELOG.md."""
 
 from __future__ import annotations
 
 import functools
 import os
+import queue
 
 import jax
 import jax.numpy as jnp
@@ -14,6 +17,7 @@ import numpy as np
 import pytest
 
 from tpu_kernel_records_tools.grading.dense import checks as C
+from tpu_kernel_records_tools.grading.dense import problems as problems_module
 from tpu_kernel_records_tools.grading import candidates
 from tpu_kernel_records_tools.sandbox import worker
 from tpu_kernel_records_tools.grading.candidates import CPU_COMPILE_OPTIONS
@@ -39,9 +43,10 @@ def _same_bits_under_the_options(p, features=None):
     args = (p.q, p.k, p.v, p.ct, p.kv_lengths)
     # the default emitters named: the test session's own programs compile under the classic ones (tests/conftest.py)
     plain = jax.jit(functools.partial(vjp, **static), compiler_options={"xla_cpu_use_fusion_emitters": True})(*args)
-    fast = jax.jit(functools.partial(vjp, **static), compiler_options=CPU_COMPILE_OPTIONS)(*args)
-    for a, b in zip(plain, fast):
-        assert np.asarray(a).tobytes() == np.asarray(b).tobytes()
+    for options in (CPU_COMPILE_OPTIONS, worker_compile_options("full")):  # the grader's, a full-level worker's
+        fast = jax.jit(functools.partial(vjp, **static), compiler_options=options)(*args)
+        for a, b in zip(plain, fast):
+            assert np.asarray(a).tobytes() == np.asarray(b).tobytes(), options
 
 
 @pytest.mark.parametrize("dtype,causal,lengths", [("bfloat16", True, True), ("float32", False, False)])
@@ -60,8 +65,9 @@ def test_the_cpu_compile_options_give_the_reference_the_same_bits_with_every_fea
 
 
 def test_a_worker_gets_the_faster_compile_at_the_quick_level_only():
+    assert CPU_COMPILE_OPTIONS == {"xla_cpu_use_fusion_emitters": False}  # the grader's own programs'
     assert worker_compile_options("quick") == {**CPU_COMPILE_OPTIONS, "xla_backend_optimization_level": 0}
-    assert worker_compile_options("full") == CPU_COMPILE_OPTIONS == {"xla_cpu_use_fusion_emitters": False}
+    assert worker_compile_options("full") == {**CPU_COMPILE_OPTIONS, "xla_cpu_parallel_codegen_split_count": 1}
 
 
 def test_the_grader_compiles_under_the_options_on_a_cpu_and_still_composes():
@@ -115,6 +121,26 @@ def test_a_cpu_grade_starts_its_worker_with_the_options_of_its_level(tmp_path, l
         runner.close()
 
 
+def test_the_problems_no_check_judges_get_no_truth_or_baseline(monkeypatch):
+    seed, unjudged = 9002, ("output-shape-dtype", "determinism")  # no other test grades the seed
+    planning = C._Planning(None, seed, level="quick", ahead=False)  # nothing computed on the background threads
+    for spec in C.CHECKS:
+        if spec.name in (*unjudged, "fresh-inputs"):
+            with pytest.raises(C._Planned):  # its problems are built
+                spec.run(planning)
+    skipped = [p for name in unjudged for p in C._CACHE[(seed, "quick", name)]]
+    judged = C._CACHE[(seed, "quick", "fresh-inputs")]
+    for p in skipped:
+        p.prepare()
+    assert len(skipped) == 5 and not any({"truth", "baseline", "grouped_baseline"} & set(vars(p)) for p in skipped)
+    assert judged and all(p.judged for p in judged)
+    jobs = queue.Queue()  # what compute_ahead queues, with no thread to take it
+    monkeypatch.setattr(problems_module, "_JOBS", jobs)
+    monkeypatch.setattr(problems_module, "_THREADS", [None] * problems_module.AHEAD_THREADS)
+    problems_module.compute_ahead([skipped, judged])
+    assert jobs.qsize() == 2 * len(judged)  # a truth and a baseline of each judged problem, nothing else
+
+
 @pytest.mark.slow  # a whole quick scorecard planned ahead: about 18 s
 def test_plan_ahead_builds_every_checks_problems_which_the_grade_then_uses():
     seed = 9001  # no other test grades it: its problems are built here
@@ -126,8 +152,8 @@ def test_plan_ahead_builds_every_checks_problems_which_the_grade_then_uses():
     used = []
     original = C.problems
 
-    def recording(ctx, check, build):
-        used.append(original(ctx, check, build))
+    def recording(ctx, check, build, **judged):
+        used.append(original(ctx, check, build, **judged))
         return used[-1]
 
     try:

@@ -18,6 +18,13 @@ import numpy as np
 # Applied to the grader's own programs (``jit_cpu``) and, through XLA_FLAGS, to a worker on a CPU
 # (``sandbox.worker``); never on an accelerator.
 CPU_COMPILE_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+# A worker grading at the full level adds one LLVM module per program instead of XLA's split into parts compiled in
+# parallel: less compile CPU (each part repeats work; a grade keeps both cores of a 2-core machine busy without
+# them), and the same bits on every program of the full-level scorecards compared (the reference, flash-style and a
+# known-bad, seed 0; tests/test_grader_speed.py compares the reference's). Not for the grader's own programs (their
+# options stay those the tolerance was calibrated on), nor at the quick level (at optimization level 0 it changed a
+# few of flash-style's last bits).
+FULL_WORKER_OPTIONS = {**CPU_COMPILE_OPTIONS, "xla_cpu_parallel_codegen_split_count": 1}
 # A worker grading at the quick level adds LLVM's optimization level 0 for the code XLA:CPU emits: small programs,
 # so mostly compile time, which it cuts again (``flash`` interpreted, quick level, every feature: its worker took
 # 254 -> 85 CPU-s here). Not for the grader's own programs (the reference's float32 programs then round differently,
@@ -29,7 +36,7 @@ QUICK_WORKER_OPTIONS = {**CPU_COMPILE_OPTIONS, "xla_backend_optimization_level":
 def worker_compile_options(level: str) -> dict:
     """The XLA:CPU options a worker on a CPU compiles a candidate under at ``level`` ("quick": small programs,
     mostly compile time; "full": model-sized ones, which an interpreted kernel runs for long)."""
-    return dict(QUICK_WORKER_OPTIONS if level == "quick" else CPU_COMPILE_OPTIONS)
+    return dict(QUICK_WORKER_OPTIONS if level == "quick" else FULL_WORKER_OPTIONS)
 
 
 @functools.cache

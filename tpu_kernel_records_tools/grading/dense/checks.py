@@ -45,11 +45,13 @@ _BUILDING = threading.Lock()  # one check's problems are built at a time (a plan
 CACHE_SEEDS = 4  # the problems (inputs, truth, baseline) of this many (seed, level) pairs are kept
 
 
-def problems(ctx: Context, check: str, build: Callable[[Callable[[int], np.random.Generator]], list]) -> list:
+def problems(ctx: Context, check: str, build: Callable[[Callable[[int], np.random.Generator]], list], *,
+             judged: bool = True) -> list:
     """``build(rng_of_trial)`` once per (seed, level, check); kept for the other candidates graded on the
-    same seed (the most recent ``CACHE_SEEDS`` seeds and levels)."""
+    same seed (the most recent ``CACHE_SEEDS`` seeds and levels). ``judged=False``: the check reads no truth or
+    baseline of them (``Problem.judged``), so none is computed."""
     with _BUILDING:
-        return _problems(ctx, check, build)
+        return _problems(ctx, check, build, judged)
 
 
 def cache_key(ctx: Context, check: str) -> tuple:
@@ -58,7 +60,7 @@ def cache_key(ctx: Context, check: str) -> tuple:
     return (ctx.seed, ctx.level, check) + (() if ctx.slots_from in (None, ctx.seed) else (ctx.slots_from,))
 
 
-def _problems(ctx: Context, check: str, build: Callable) -> list:
+def _problems(ctx: Context, check: str, build: Callable, judged: bool = True) -> list:
     key = cache_key(ctx, check)
     if key not in _CACHE:
         recent = list(dict.fromkeys(k[:2] for k in _CACHE))  # insertion order: oldest first
@@ -66,6 +68,8 @@ def _problems(ctx: Context, check: str, build: Callable) -> list:
             for old in [k for k in _CACHE if k[:2] == recent[0]]:
                 del _CACHE[old]
         _CACHE[key] = build(lambda trial: ctx.rng(check, trial))
+        for p in [] if judged else _CACHE[key]:  # a flat list of problems
+            p.judged = False
         if ctx.ahead:
             compute_ahead(_CACHE[key])
     return _CACHE[key]
@@ -106,7 +110,7 @@ def plan_ahead(seed: int, level: str = "full", specs=None) -> threading.Thread:
 
 def check_output_shape_dtype(ctx: Context) -> Outcome:
     ps = problems(ctx, "output-shape-dtype", lambda r: [
-        ctx.problem(r(0), "gqa"), ctx.problem(r(1), "batch"), ctx.problem(r(2), "decode")])
+        ctx.problem(r(0), "gqa"), ctx.problem(r(1), "batch"), ctx.problem(r(2), "decode")], judged=False)
     bad = []
     for p in ps:
         out = ctx.forward(p, check_shape=False)
@@ -426,7 +430,7 @@ def check_determinism(ctx: Context) -> Outcome:
         small = next(s for s in ctx.shapes if s.startswith("small"))
         return [ctx.problem(r(0), small, grad=True), ctx.problem(r(1), "batch")]
     violations = []
-    for p in problems(ctx, "determinism", build):
+    for p in problems(ctx, "determinism", build, judged=False):
         copy = p.derive(p.label)  # equal values, fresh arrays
         if p.ct is not None:
             first, second = ctx.vjp(p), ctx.vjp(copy)

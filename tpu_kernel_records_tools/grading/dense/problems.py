@@ -55,6 +55,7 @@ class Problem:
         self.kv_segments = None if kv_segments is None else np.asarray(kv_segments, np.int32)
         self.sinks = None if sinks is None else np.asarray(sinks, np.float32)
         self.derived = False  # True for a changed copy of another problem (stays-put and determinism checks)
+        self.judged = True  # False where its check reads no truth or baseline of it (they are never computed)
         self.slot: str | None = None  # the slot drawn at (``normal``), if any
 
     @property
@@ -136,8 +137,9 @@ class Problem:
 
     def prepare(self) -> None:
         """Compute what judging this problem needs (truth, baselines, largest logit) now; the rubric calls
-        it while the candidate's worker computes, so the two overlap."""
-        self.truth, self.baseline, self.grouped_baseline  # noqa: B018  (cached)
+        it while the candidate's worker computes, so the two overlap. Nothing for a problem not ``judged``."""
+        if self.judged:
+            self.truth, self.baseline, self.grouped_baseline  # noqa: B018  (cached)
 
     @property
     def logit_max(self) -> float:
@@ -233,7 +235,7 @@ def compute_ahead(found) -> None:
 
     def walk(x):
         if isinstance(x, Problem):
-            if not x.derived:
+            if not x.derived and x.judged:
                 ps.append(x)
         elif isinstance(x, (list, tuple)):
             for y in x:
