@@ -29,6 +29,10 @@ from kernel_src.contract import Dims
 from tests.grading_inprocess import grade
 
 FLAG = "--xla_cpu_use_fusion_emitters=false"
+LEVEL = "--xla_backend_optimization_level=3"
+# JAX's default emitters and XLA's default level, named: the test session's own programs compile under other ones
+# (tests/conftest.py)
+JAX_DEFAULTS = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimization_level": 3}
 
 
 def _same_bits_under_the_options(p, features=None):
@@ -41,8 +45,7 @@ def _same_bits_under_the_options(p, features=None):
 
     static = dict(causal=p.causal, scale=p.scale)
     args = (p.q, p.k, p.v, p.ct, p.kv_lengths)
-    # the default emitters named: the test session's own programs compile under the classic ones (tests/conftest.py)
-    plain = jax.jit(functools.partial(vjp, **static), compiler_options={"xla_cpu_use_fusion_emitters": True})(*args)
+    plain = jax.jit(functools.partial(vjp, **static), compiler_options=JAX_DEFAULTS)(*args)
     for options in (CPU_COMPILE_OPTIONS, worker_compile_options("full")):  # the grader's, a full-level worker's
         fast = jax.jit(functools.partial(vjp, **static), compiler_options=options)(*args)
         for a, b in zip(plain, fast):
@@ -56,6 +59,23 @@ def test_the_cpu_compile_options_give_the_reference_the_same_bits(dtype, causal,
     _same_bits_under_the_options(p)
 
 
+def test_the_default_run_compiles_its_own_programs_at_level_0_and_the_graders_at_3(request):
+    """tests/conftest.py: the default run (slow tests left out) compiles at LLVM's level 0 what names no level; the
+    grader's programs name theirs. Seen in the bits of a float32 program that the level rounds differently."""
+    p = normal(np.random.default_rng(3), Dims(3, 40, 200, 8, 2, 80), "float32", grad=True)
+
+    def run(options):
+        def grads(q, k, v, ct):
+            return jax.vjp(lambda q, k, v: reference(q, k, v), q, k, v)[1](ct)
+        return b"".join(np.asarray(x).tobytes() for x in jax.jit(grads, compiler_options=options)(p.q, p.k, p.v, p.ct))
+
+    unnamed, level_0, level_3 = (run({"xla_cpu_use_fusion_emitters": False, **extra})
+                                 for extra in ({}, {"xla_backend_optimization_level": 0},
+                                               {"xla_backend_optimization_level": 3}))
+    assert level_0 != level_3 and run(CPU_COMPILE_OPTIONS) == level_3
+    assert unnamed == (level_0 if request.config.getoption("markexpr") == "not slow" else level_3)
+
+
 def test_the_cpu_compile_options_give_the_reference_the_same_bits_with_every_feature():
     rng = np.random.default_rng(6)
     p = normal(rng, Dims(2, 24, 96, 4, 2, 64), "bfloat16", causal=True, lengths=True, grad=True)
@@ -65,7 +85,8 @@ def test_the_cpu_compile_options_give_the_reference_the_same_bits_with_every_fea
 
 
 def test_a_worker_gets_the_faster_compile_at_the_quick_level_only():
-    assert CPU_COMPILE_OPTIONS == {"xla_cpu_use_fusion_emitters": False}  # the grader's own programs'
+    assert CPU_COMPILE_OPTIONS == {"xla_cpu_use_fusion_emitters": False,  # the grader's own programs'
+                                   "xla_backend_optimization_level": 3}
     assert worker_compile_options("quick") == {**CPU_COMPILE_OPTIONS, "xla_backend_optimization_level": 0}
     assert worker_compile_options("full") == {**CPU_COMPILE_OPTIONS, "xla_cpu_parallel_codegen_split_count": 1}
 
@@ -85,13 +106,13 @@ def test_the_worker_adds_the_options_to_xla_flags_once(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     worker._add_xla_flags(CPU_COMPILE_OPTIONS)
     worker._add_xla_flags(CPU_COMPILE_OPTIONS)
-    assert os.environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {FLAG}"
+    assert os.environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {FLAG} {LEVEL}"
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")  # the user's choice stands
     worker._add_xla_flags(CPU_COMPILE_OPTIONS)
-    assert os.environ["XLA_FLAGS"] == "--xla_cpu_use_fusion_emitters=true"
+    assert os.environ["XLA_FLAGS"] == f"--xla_cpu_use_fusion_emitters=true {LEVEL}"
     monkeypatch.delenv("XLA_FLAGS")
     worker._add_xla_flags(CPU_COMPILE_OPTIONS)
-    assert os.environ["XLA_FLAGS"] == FLAG
+    assert os.environ["XLA_FLAGS"] == f"{FLAG} {LEVEL}"
 
 
 CANDIDATE = '''

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import scipy.stats
 
 from tpu_kernel_records_tools.bench import stats
 from tpu_kernel_records_tools.bench.cases import PROFILES
@@ -52,6 +51,8 @@ def test_the_interval_is_a_95_percent_one():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_interval_agrees_with_scipys_percentile_bootstrap(seed):
+    import scipy.stats  # here, not at collection: importing it costs each xdist worker about 1.4 s
+
     rng = np.random.default_rng(seed)
     num, den = _lognormal(rng, 2.0, 0.2, 20), _lognormal(rng, 1.0, 0.2, 20)
     resamples = 20_000
