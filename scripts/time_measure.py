@@ -32,16 +32,18 @@ from typing import Callable
 REPO = Path(__file__).resolve().parent.parent  # the checkout timed: this script's
 
 
-def time_command(args_in: Callable[[Path], list[str]], label: str = "measure") -> tuple[float, float, int]:
-    """Wall seconds, CPU seconds (this run's children) and the exit status of one ``tpu-kernel-records`` run of
-    ``args_in(folder)``, in a fresh temporary ``folder`` (its working directory, removed afterwards)."""
+def time_command(args_in: Callable[[Path], list[str]], label: str = "measure",
+                 module: str = "tpu_kernel_records_tools", in_checkout: bool = False) -> tuple[float, float, int]:
+    """Wall seconds, CPU seconds (this run's children) and the exit status of one ``python -m module`` run (by
+    default ``tpu-kernel-records``) of ``args_in(folder)``, with a fresh temporary ``folder`` (removed afterwards)
+    as its working directory, or the checkout (``in_checkout``)."""
     folder = Path(tempfile.mkdtemp(prefix="time-command-"))
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE")}  # as a new user's
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), *filter(None, [env.get("PYTHONPATH")])])
     try:
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         start = time.perf_counter()
-        proc = subprocess.run([sys.executable, "-m", "tpu_kernel_records_tools", *args_in(folder)], cwd=folder,
+        proc = subprocess.run([sys.executable, "-m", module, *args_in(folder)], cwd=REPO if in_checkout else folder,
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wall = time.perf_counter() - start
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -51,6 +53,32 @@ def time_command(args_in: Callable[[Path], list[str]], label: str = "measure") -
         print(f"{label} failed ({proc.returncode}): {proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return wall, cpu, proc.returncode
+
+
+def time_runs(command: list[str], runs: int, record: Path | None, args_in: Callable[[Path], list[str]],
+              **command_kwargs) -> int:
+    """Time ``runs`` runs of ``command`` (its arguments ``args_in(folder)``, run as ``time_command`` runs them),
+    print each and the medians, write them to ``record`` (JSON) if given; 1 if a run failed, else 0."""
+    load_before = [round(x, 1) for x in os.getloadavg()]
+    print(f"{' '.join(command)}: cpus={os.cpu_count()} load_average={load_before}")
+    walls, cpus, codes = [], [], []
+    for n in range(runs):
+        wall, cpu, code = time_command(args_in, " ".join(command), **command_kwargs)
+        walls.append(wall)
+        cpus.append(cpu)
+        codes.append(code)
+        print(f"run {n + 1}: {wall:.1f} s wall, {cpu:.1f} CPU-s (user + system, every process), exit {code}, "
+              f"load_average={os.getloadavg()}", flush=True)
+    print(f"median of {runs}: {statistics.median(walls):.1f} s wall, {statistics.median(cpus):.1f} CPU-s")
+    if record is not None:
+        from tpu_kernel_records_tools.sweeps.calibration import machine
+
+        doc = {"command": command, "machine": machine(), "load_average_before": load_before,
+               "load_average_after": [round(x, 1) for x in os.getloadavg()], "exit_codes": codes,
+               "wall_s": [round(w, 1) for w in walls], "cpu_s": [round(c, 1) for c in cpus],
+               "median_wall_s": round(statistics.median(walls), 1), "median_cpu_s": round(statistics.median(cpus), 1)}
+        record.write_text(json.dumps(doc, indent=1) + "\n")
+    return 1 if any(codes) else 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -63,27 +91,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     if args.runs < 1:
         p.error("--runs must be >= 1")
-    load_before = [round(x, 1) for x in os.getloadavg()]
-    print(f"measure {' '.join(args.extra)}: cpus={os.cpu_count()} load_average={load_before}")
-    walls, cpus, codes = [], [], []
-    for n in range(args.runs):
-        wall, cpu, code = time_command(lambda folder: ["measure", "--out", str(folder / "run"), "--quiet", *args.extra])
-        walls.append(wall)
-        cpus.append(cpu)
-        codes.append(code)
-        print(f"run {n + 1}: {wall:.1f} s wall, {cpu:.1f} CPU-s (user + system, every process), exit {code}, "
-              f"load_average={os.getloadavg()}", flush=True)
-    print(f"median of {args.runs}: {statistics.median(walls):.1f} s wall, {statistics.median(cpus):.1f} CPU-s")
-    if args.record is not None:
-        from tpu_kernel_records_tools.sweeps.calibration import machine
-
-        record = {"command": ["tpu-kernel-records", "measure", *args.extra], "machine": machine(),
-                  "load_average_before": load_before, "load_average_after": [round(x, 1) for x in os.getloadavg()], "exit_codes": codes,
-                  "wall_s": [round(w, 1) for w in walls], "cpu_s": [round(c, 1) for c in cpus],
-                  "median_wall_s": round(statistics.median(walls), 1),
-                  "median_cpu_s": round(statistics.median(cpus), 1)}
-        args.record.write_text(json.dumps(record, indent=1) + "\n")
-    return 1 if any(codes) else 0
+    return time_runs(["tpu-kernel-records", "measure", *args.extra], args.runs, args.record,
+                     lambda folder: ["measure", "--out", str(folder / "run"), "--quiet", *args.extra])
 
 
 if __name__ == "__main__":
