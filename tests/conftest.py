@@ -41,14 +41,14 @@ def pytest_configure(config):
         os.environ[SESSION_CACHE] = config._jax_test_cache = path
     settings = {"jax_compilation_cache_dir": path, "jax_persistent_cache_min_compile_time_secs": 0,
                 "jax_persistent_cache_min_entry_size_bytes": 0}
-    for name, value in settings.items():
-        jax.config.update(name, value)
-        os.environ[name.upper()] = str(value)  # for the processes tests start (they read it at import)
     # JAX keys a cached program by XLA_FLAGS as they are when it compiles, not as the backend started: the
     # processes tests start, which compile under the user's flags, get a folder of their own
     started = os.path.join(path, "started-processes")
     os.makedirs(started, exist_ok=True)
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = started
+    for name, value in settings.items():
+        jax.config.update(name, value)
+        # for the processes tests start (they read it at import)
+        os.environ[name.upper()] = started if name == "jax_compilation_cache_dir" else str(value)
     _start_backend(default_run=config.getoption("markexpr") == "not slow")
 
 

@@ -68,8 +68,9 @@ def _problems(ctx: Context, check: str, build: Callable, judged: bool = True) ->
             for old in [k for k in _CACHE if k[:2] == recent[0]]:
                 del _CACHE[old]
         _CACHE[key] = build(lambda trial: ctx.rng(check, trial))
-        for p in [] if judged else _CACHE[key]:  # a flat list of problems
-            p.judged = False
+        if not judged:
+            for p in _CACHE[key]:  # a flat list of problems
+                p.judged = False
         if ctx.ahead:
             compute_ahead(_CACHE[key])
     return _CACHE[key]
