@@ -92,3 +92,16 @@ def test_a_key_outside_a_window_is_explained_with_the_windows_keys():
     assert _why_hidden(windowed, 0, 5, 5) == [] and _why_hidden(windowed, 0, 5, 8) == []
     left_open = C.Problem("w", "float32", p.host("q"), p.host("k"), p.host("v"), window=(None, 0))
     assert _why_hidden(left_open, 0, 5, 8) == ["outside its window_size=(None, 0) (keys ..7 around its position 7)"]
+
+
+def test_a_misread_kv_head_is_explained_with_the_head_and_output_it_should_have_read():
+    """gqa-mapping's V = kv head + 1: the detail names the query head, what it read, and the kv head and output
+    that ``h // group`` gives."""
+    p = normal(np.random.default_rng(1), Dims(1, 4, 8, 4, 2, 16), "float32")
+    out = np.ones((1, 4, 4, 16), np.float32) * np.array([1, 1, 2, 2], np.float32)[None, None, :, None]
+    assert C._misread_head(p, out) is None  # heads 0, 1 read kv head 0 (output 1); heads 2, 3 kv head 1 (output 2)
+    out[:, :, 3] = 1.0  # head 3 reads kv head 0
+    assert C._misread_head(p, out).endswith(
+        ": q head 3 read kv head 0 (output ~ 1), expected kv head 1 = 3 // 2 (output 2)")
+    out[:, :, 3] = 7.0
+    assert "q head 3 matches no kv head (output ~ 7), expected kv head 1" in C._misread_head(p, out)
