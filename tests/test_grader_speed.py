@@ -1,9 +1,8 @@
-"""What makes a grade faster without changing a verdict: XLA:CPU's classic fusion emitters for the
-reference's programs and the candidate's worker (``grading.candidates.CPU_COMPILE_OPTIONS``: the same
-bits, less compile time), and at the full level one LLVM module per program in the worker
-(``sandbox.cpu_jit.FULL_WORKER_OPTIONS``), a seed's problems built and queued ahead while the worker starts
-(``grading.dense.checks.plan_ahead``), and no truth or baseline for the problems no check judges. The figures
-are ``scripts/time_rubric.py``'s, in CHANGELOG.md."""
+"""What makes a grade faster without changing a verdict: XLA:CPU's classic fusion emitters and one LLVM module per
+program for the reference's programs and a full-level worker (``grading.candidates.CPU_COMPILE_OPTIONS``: the same
+bits, less compile time), a seed's problems built and queued ahead while the worker starts
+(``grading.dense.checks.plan_ahead``), no truth or baseline for the problems no check judges, and random values
+drawn only where a check changes them. The figures are ``scripts/time_rubric.py``'s, in CHANGELOG.md."""
 
 from __future__ import annotations
 
@@ -29,7 +28,7 @@ from kernel_src.contract import Dims
 from tests.grading_inprocess import grade
 
 FLAG = "--xla_cpu_use_fusion_emitters=false"
-LEVEL = "--xla_backend_optimization_level=3"
+LEVEL_AND_SPLIT = "--xla_backend_optimization_level=3 --xla_cpu_parallel_codegen_split_count=1"
 # JAX's default emitters and XLA's default level, named: the test session's own programs compile under other ones
 # (tests/conftest.py)
 JAX_DEFAULTS = {"xla_cpu_use_fusion_emitters": True, "xla_backend_optimization_level": 3}
@@ -89,9 +88,10 @@ def test_the_cpu_compile_options_give_the_reference_the_same_bits_with_every_fea
 
 def test_a_worker_gets_the_faster_compile_at_the_quick_level_only():
     assert CPU_COMPILE_OPTIONS == {"xla_cpu_use_fusion_emitters": False,  # the grader's own programs'
-                                   "xla_backend_optimization_level": 3}
-    assert worker_compile_options("quick") == {**CPU_COMPILE_OPTIONS, "xla_backend_optimization_level": 0}
-    assert worker_compile_options("full") == {**CPU_COMPILE_OPTIONS, "xla_cpu_parallel_codegen_split_count": 1}
+                                   "xla_backend_optimization_level": 3, "xla_cpu_parallel_codegen_split_count": 1}
+    assert worker_compile_options("quick") == {"xla_cpu_use_fusion_emitters": False,  # XLA's split kept
+                                               "xla_backend_optimization_level": 0}
+    assert worker_compile_options("full") == CPU_COMPILE_OPTIONS
 
 
 def test_the_grader_compiles_under_the_options_on_a_cpu_and_still_composes():
@@ -109,13 +109,13 @@ def test_the_worker_adds_the_options_to_xla_flags_once(monkeypatch):
     monkeypatch.setenv("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     worker._add_xla_flags(CPU_COMPILE_OPTIONS)
     worker._add_xla_flags(CPU_COMPILE_OPTIONS)
-    assert os.environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {FLAG} {LEVEL}"
+    assert os.environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {FLAG} {LEVEL_AND_SPLIT}"
     monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_use_fusion_emitters=true")  # the user's choice stands
     worker._add_xla_flags(CPU_COMPILE_OPTIONS)
-    assert os.environ["XLA_FLAGS"] == f"--xla_cpu_use_fusion_emitters=true {LEVEL}"
+    assert os.environ["XLA_FLAGS"] == f"--xla_cpu_use_fusion_emitters=true {LEVEL_AND_SPLIT}"
     monkeypatch.delenv("XLA_FLAGS")
     worker._add_xla_flags(CPU_COMPILE_OPTIONS)
-    assert os.environ["XLA_FLAGS"] == f"{FLAG} {LEVEL}"
+    assert os.environ["XLA_FLAGS"] == f"{FLAG} {LEVEL_AND_SPLIT}"
 
 
 CANDIDATE = '''
@@ -165,6 +165,20 @@ def test_the_problems_no_check_judges_get_no_truth_or_baseline(monkeypatch):
     assert jobs.qsize() == 2 * len(judged)  # a truth and a baseline of each judged problem, nothing else
 
 
+def test_gqa_mappings_bfloat16_constant_values_get_no_truth_or_baseline():
+    """With V constant a bfloat16 output is judged on the kv head it names alone (``checks._mapping_only``), so
+    its problem is not judged; a float32 one is judged on accuracy too."""
+    seed = 9003  # no other test grades the seed
+    planning = C._Planning(None, seed, level="full", ahead=False)
+    with pytest.raises(C._Planned):
+        next(spec for spec in C.CHECKS if spec.name == "gqa-mapping").run(planning)
+    ps = C._CACHE[(seed, "full", "gqa-mapping")]
+    const = [p for p in ps if p.label.endswith("V = kv head + 1")]
+    assert {p.dtype for p in const} == {"float32", "bfloat16"}
+    assert all(p.judged == (p.dtype == "float32") for p in const)
+    assert all(p.judged for p in ps if p not in const)
+
+
 @pytest.mark.slow  # a whole quick scorecard planned ahead: about 18 s
 def test_plan_ahead_builds_every_checks_problems_which_the_grade_then_uses():
     seed = 9001  # no other test grades it: its problems are built here
@@ -187,3 +201,23 @@ def test_plan_ahead_builds_every_checks_problems_which_the_grade_then_uses():
         C.problems = original
     assert card.passed, card.failed
     assert len(used) == len(C.CHECKS) and all(any(u is v for v in planned.values()) for u in used)
+
+
+def test_perturbing_hidden_keys_draws_their_values_only():
+    """``_perturb_keys`` draws K and V anew at the hidden keys alone (a long cache's hidden keys are a fraction of
+    it), and leaves every other value as it was."""
+    p = normal(np.random.default_rng(7), Dims(2, 3, 40, 2, 1, 8), "float32", lengths=np.array([30, 12]))
+    hidden = np.arange(40)[None] >= p.lengths[:, None]  # [batch, kv_len]
+    drawn = []
+
+    class Counting:  # a Generator whose draws are counted
+        def standard_normal(self, size, dtype):
+            drawn.append(int(np.prod(size)))
+            return np.random.default_rng(1).standard_normal(size, dtype)
+
+    changed = C._perturb_keys(p, Counting(), hidden, "padding changed")
+    assert drawn == [int(hidden.sum()) * 8] * 2  # K's values and V's signs at the hidden keys (1 kv head of 8)
+    for name in ("k", "v"):
+        assert np.array_equal(changed.host(name)[~hidden], p.host(name)[~hidden])
+        assert not np.any(changed.host(name)[hidden] == p.host(name)[hidden])
+    assert np.all(np.abs(changed.host("v")[hidden] - p.host("v")[hidden]) == 1e4)

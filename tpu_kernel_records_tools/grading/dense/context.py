@@ -31,11 +31,13 @@ def _where(index) -> str:
 
 def _perturb_keys(p: Problem, rng: np.random.Generator, hidden: np.ndarray, label: str) -> Problem:
     """A derived problem: K redrawn x30 and V shifted by +-1e4 at the key positions ``hidden`` (bool
-    [batch, kv_len]); large but finite, which is all the contract promises about such slots."""
+    [batch, kv_len]); large but finite, which is all the contract promises about such slots. Only the hidden
+    values are drawn: a long cache's hidden keys are a fraction of it."""
     k, v = p.host("k"), p.host("v")
-    sel = hidden[:, :, None, None]
-    k = np.where(sel, rng.standard_normal(k.shape, np.float32) * 30, k)
-    v = np.where(sel, v + 1e4 * np.sign(rng.standard_normal(v.shape, np.float32)), v)
+    sel = np.broadcast_to(hidden[:, :, None, None], k.shape)
+    count = int(np.count_nonzero(sel))
+    k[sel] = rng.standard_normal(count, np.float32) * 30
+    v[sel] += 1e4 * np.sign(rng.standard_normal(count, np.float32))
     return p.derive(label, k=k, v=v)
 
 
