@@ -9,6 +9,10 @@ from __future__ import annotations
 import functools
 import os
 import queue
+import re
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -221,3 +225,20 @@ def test_perturbing_hidden_keys_draws_their_values_only():
         assert np.array_equal(changed.host(name)[~hidden], p.host(name)[~hidden])
         assert not np.any(changed.host(name)[hidden] == p.host(name)[hidden])
     assert np.all(np.abs(changed.host("v")[hidden] - p.host("v")[hidden]) == 1e4)
+
+
+@pytest.mark.slow  # a quick-level grade, then its parts one after another: about 40 CPU-s
+def test_grade_parts_measures_every_part_of_a_grade():
+    """``scripts/grade_parts.py``: each part's CPU-seconds, and their sum with the least wall time on two cores."""
+    script = Path(__file__).resolve().parents[1] / "scripts" / "grade_parts.py"
+    done = subprocess.run([sys.executable, str(script), "--level", "quick", "--features", "none"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    parts = dict(re.findall(r"^  (.+?) +([\d.]+) CPU-s", done.stdout, re.M))
+    named = ["grader start", "problems drawn", "float64 truths", "reference's baselines", "worker start",
+             "candidate's calls"]
+    assert list(parts) == [*named, "in all"] and all(float(parts[n]) > 0 for n in named)
+    assert abs(sum(float(parts[n]) for n in named) - float(parts["in all"])) < 0.1 * len(named)
+    least = float(re.search(r"at least ([\d.]+) s on 2 cores", done.stdout)[1])
+    assert abs(least - float(parts["in all"]) / 2) < 0.1
+    assert re.search(r"level=quick features=none seed=0: (\d+) problems judged, (\d+) calls", done.stdout)
