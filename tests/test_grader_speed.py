@@ -238,7 +238,7 @@ def test_grade_parts_measures_every_part_of_a_grade():
     named = ["grader start", "problems drawn", "float64 truths", "reference's baselines", "worker start",
              "candidate's calls"]
     assert list(parts) == [*named, "in all"] and all(float(parts[n]) > 0 for n in named)
-    assert abs(sum(float(parts[n]) for n in named) - float(parts["in all"])) < 0.1 * len(named)
+    assert abs(sum(float(parts[n]) for n in named) - float(parts["in all"])) < 0.04  # each printed to 0.01
     least = float(re.search(r"at least ([\d.]+) s on 2 cores", done.stdout)[1])
     assert abs(least - float(parts["in all"]) / 2) < 0.1
     assert re.search(r"level=quick features=none seed=0: (\d+) problems judged, (\d+) calls", done.stdout)
