@@ -39,36 +39,29 @@ pickle.dump(calls, open(sys.argv[2], "wb"))
 """
 
 GRADER = r"""
-import json, sys, time
+import json, queue, sys, time
 begin = time.process_time()
 import jax
 from tpu_kernel_records_tools.grading.dense import checks, feature_checks, problems
 jax.devices()
 parts = {"grader start": time.process_time() - begin}
-problems.compute_ahead = checks.compute_ahead = lambda found: None  # each part computed below, in turn
+# What a grade queues for its threads that compute ahead (a truth, then the baselines, of each judged problem),
+# kept here with no thread to take it: each part is computed below, in turn
+problems._JOBS, problems._THREADS = queue.Queue(), [None] * problems.AHEAD_THREADS
 features = [] if sys.argv[1] == "none" else list(feature_checks.FEATURE_CHECKS)
 seed, level, t = int(sys.argv[2]), sys.argv[3], time.process_time()
 checks.plan_ahead(seed, level, [*checks.CHECKS, *(feature_checks.FEATURE_CHECKS[f] for f in features)]).join()
 parts["problems drawn"] = time.process_time() - t
-judged = []
-def walk(x):  # a check's problems: a list, or tuples of a problem, its changed copy and what they protect
-    if isinstance(x, problems.Problem):
-        judged.extend([x] if x.judged and not x.derived and all(x is not y for y in judged) else [])
-    elif isinstance(x, (list, tuple)):
-        for y in x:
-            walk(y)
-walk(list(checks._CACHE.values()))
+jobs = [problems._JOBS.get() for _ in range(problems._JOBS.qsize())]
 problems.single_threaded_blas()
-t = time.process_time()
-for p in judged:
-    p.truth
-parts["float64 truths"] = time.process_time() - t
-t = time.process_time()
-for p in judged:
-    p.baseline, p.grouped_baseline
-parts["reference's baselines"] = time.process_time() - t
-print(json.dumps({"problems": len(judged), "parts": parts}))
+for name, part in (("float64 truths", jobs[0::2]), ("reference's baselines", jobs[1::2])):
+    t = time.process_time()
+    for job in part:
+        job()
+    parts[name] = time.process_time() - t
+print(json.dumps({"problems": len(jobs) // 2, "parts": parts}))
 """
+
 
 WORKER = r"""
 import json, pickle, sys, time
@@ -120,8 +113,8 @@ def main(argv=None) -> int:
             worker = _run(WORKER, calls, args.level)
         parts = {**grader["parts"], **worker["parts"]}
         total = sum(parts.values())
-        print(f"level={args.level} features={features} seed={args.seed}: {grader['problems']} problems judged, {worker['calls']} calls "
-              f"of the candidate")
+        print(f"level={args.level} features={features} seed={args.seed}: {grader['problems']} problems judged, "
+              f"{worker['calls']} calls of the candidate")
         for name, cpu in parts.items():
             print(f"  {name:24s} {cpu:7.2f} CPU-s")
         print(f"  {'in all':24s} {total:7.2f} CPU-s: at least {total / 2:.1f} s on 2 cores")

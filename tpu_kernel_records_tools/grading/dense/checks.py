@@ -255,9 +255,12 @@ def check_mask_readout(ctx: Context) -> Outcome:
                                             "on every invisible key, none on visible ones")
 
 
+CONSTANT_V = "V = kv head + 1"  # the tag of _constant_values' problems
+
+
 def _constant_values(ctx: Context, rng: np.random.Generator, slot: str) -> Problem:
     """A draw at ``slot`` with V = kv head + 1 everywhere: query head h's output is h // group + 1."""
-    p = ctx.problem(rng, slot, tag="V = kv head + 1")
+    p = ctx.problem(rng, slot, tag=CONSTANT_V)
     v = np.broadcast_to(np.arange(1, p.v.shape[2] + 1, dtype=np.float32)[None, None, :, None], p.v.shape)
     return p.replace(p.label, v=v)
 
@@ -297,7 +300,7 @@ MANY_HEAD_SLOTS = ("heads24", "heads40", "heads64", "mha24", "mha40", "mha64")
 def _mapping_only(p: Problem) -> bool:
     """With V constant the reference is exact; a kernel may round P to bfloat16 before P·V (the contract allows
     it), which moves a bfloat16 output by an ulp there: only the mapping is judged then (no truth, no baseline)."""
-    return p.label.endswith("V = kv head + 1") and p.dtype != "float32"
+    return p.label.endswith(CONSTANT_V) and p.dtype != "float32"
 
 
 def check_gqa_mapping(ctx: Context) -> Outcome:
@@ -311,7 +314,7 @@ def check_gqa_mapping(ctx: Context) -> Outcome:
     verdicts, violations = [], []
     for p in problems(ctx, "gqa-mapping", build):
         out = ctx.forward(p)
-        const = p.label.endswith("V = kv head + 1")
+        const = p.label.endswith(CONSTANT_V)
         if not _mapping_only(p):
             verdicts.append(_judge_out(p, out))
         if const:
